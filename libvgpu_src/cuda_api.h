@@ -1,0 +1,381 @@
+/*
+ * The part of the CUDA driver API that libvgpu and the simulated driver use,
+ * declared here so that neither needs the CUDA toolkit to build. Names are
+ * the exported (versioned) symbol names; there are no renaming macros.
+ *
+ * With HAMI_CHECK_AGAINST_CUDA_H defined, the types come from the toolkit's
+ * cuda.h and only the prototypes below are compiled, so that the compiler
+ * checks each of them against the toolkit (tests/libvgpu/test_cuda_decls).
+ */
+#ifndef HAMI_CUDA_API_H
+#define HAMI_CUDA_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One list of results: the enum and every name/description table come from it. */
+#define HAMI_CU_RESULTS(X) \
+    X(CUDA_SUCCESS, 0, "no error") \
+    X(CUDA_ERROR_INVALID_VALUE, 1, "invalid argument") \
+    X(CUDA_ERROR_OUT_OF_MEMORY, 2, "out of memory") \
+    X(CUDA_ERROR_NOT_INITIALIZED, 3, "initialization error") \
+    X(CUDA_ERROR_DEINITIALIZED, 4, "driver shutting down") \
+    X(CUDA_ERROR_STUB_LIBRARY, 34, "CUDA driver is a stub library") \
+    X(CUDA_ERROR_NO_DEVICE, 100, "no CUDA-capable device is detected") \
+    X(CUDA_ERROR_INVALID_DEVICE, 101, "invalid device ordinal") \
+    X(CUDA_ERROR_INVALID_IMAGE, 200, "device kernel image is invalid") \
+    X(CUDA_ERROR_INVALID_CONTEXT, 201, "invalid device context") \
+    X(CUDA_ERROR_MAP_FAILED, 205, "mapping of buffer object failed") \
+    X(CUDA_ERROR_UNMAP_FAILED, 206, "unmapping of buffer object failed") \
+    X(CUDA_ERROR_ALREADY_MAPPED, 208, "resource already mapped") \
+    X(CUDA_ERROR_NOT_MAPPED, 211, "resource not mapped") \
+    X(CUDA_ERROR_INVALID_SOURCE, 300, "device kernel image is invalid") \
+    X(CUDA_ERROR_FILE_NOT_FOUND, 301, "file not found") \
+    X(CUDA_ERROR_OPERATING_SYSTEM, 304, "OS call failed or operation not supported on this OS") \
+    X(CUDA_ERROR_INVALID_HANDLE, 400, "invalid resource handle") \
+    X(CUDA_ERROR_ILLEGAL_STATE, 401, "the operation cannot be performed in the present state") \
+    X(CUDA_ERROR_NOT_FOUND, 500, "named symbol not found") \
+    X(CUDA_ERROR_NOT_READY, 600, "device not ready") \
+    X(CUDA_ERROR_ILLEGAL_ADDRESS, 700, "an illegal memory access was encountered") \
+    X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, 701, "too many resources requested for launch") \
+    X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, 708, "primary context active") \
+    X(CUDA_ERROR_CONTEXT_IS_DESTROYED, 709, "context is destroyed") \
+    X(CUDA_ERROR_LAUNCH_FAILED, 719, "unspecified launch failure") \
+    X(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, 720, "too many blocks in cooperative launch") \
+    X(CUDA_ERROR_NOT_PERMITTED, 800, "operation not permitted") \
+    X(CUDA_ERROR_NOT_SUPPORTED, 801, "operation not supported") \
+    X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900, "operation not permitted when stream is capturing") \
+    X(CUDA_ERROR_TIMEOUT, 909, "timeout") \
+    X(CUDA_ERROR_UNKNOWN, 999, "unknown error")
+
+#ifndef HAMI_CHECK_AGAINST_CUDA_H
+
+typedef unsigned long long cuuint64_t;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUarray_st *CUarray;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+
+typedef struct CUuuid_st { char bytes[16]; } CUuuid;
+
+#define HAMI_CU_RESULT_ENUM(name, value, text) name = value,
+typedef enum cudaError_enum { HAMI_CU_RESULTS(HAMI_CU_RESULT_ENUM) } CUresult;
+#undef HAMI_CU_RESULT_ENUM
+
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_STREAM_NON_BLOCKING 0x1
+#define CU_EVENT_DEFAULT 0x0
+#define CU_EVENT_BLOCKING_SYNC 0x1
+#define CU_EVENT_DISABLE_TIMING 0x2
+
+typedef enum CUdevice_attribute_enum {
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y = 3,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 4,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8,
+    CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY = 9,
+    CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+    CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_INTEGRATED = 18,
+    CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY = 19,
+    CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+    CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+    CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36,
+    CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37,
+    CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
+    CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT = 40,
+    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+    CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+    CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+    CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+    CU_DEVICE_ATTRIBUTE_MAX = 150
+} CUdevice_attribute;
+
+typedef enum CUarray_format_enum {
+    CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+    CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+    CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+    CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+    CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+    CU_AD_FORMAT_HALF = 0x10,
+    CU_AD_FORMAT_FLOAT = 0x20
+} CUarray_format;
+
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_MEM_ATTACH_HOST 0x2
+
+typedef enum CUmemAllocationType_enum {
+    CU_MEM_ALLOCATION_TYPE_INVALID = 0x0,
+    CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+    CU_MEM_ALLOCATION_TYPE_MAX = 0x7FFFFFFF
+} CUmemAllocationType;
+
+typedef enum CUmemAllocationHandleType_enum {
+    CU_MEM_HANDLE_TYPE_NONE = 0x0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+    CU_MEM_HANDLE_TYPE_MAX = 0x7FFFFFFF
+} CUmemAllocationHandleType;
+
+typedef enum CUmemLocationType_enum {
+    CU_MEM_LOCATION_TYPE_INVALID = 0x0,
+    CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+    CU_MEM_LOCATION_TYPE_HOST = 0x2,
+    CU_MEM_LOCATION_TYPE_MAX = 0x7FFFFFFF
+} CUmemLocationType;
+
+typedef enum CUmemAccess_flags_enum {
+    CU_MEM_ACCESS_FLAGS_PROT_NONE = 0x0,
+    CU_MEM_ACCESS_FLAGS_PROT_READ = 0x1,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3,
+    CU_MEM_ACCESS_FLAGS_PROT_MAX = 0x7FFFFFFF
+} CUmemAccess_flags;
+
+typedef enum CUmemAllocationGranularity_flags_enum {
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
+    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1
+} CUmemAllocationGranularity_flags;
+
+typedef enum CUmemPool_attribute_enum {
+    CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH
+} CUmemPool_attribute;
+
+typedef struct CUmemLocation_st {
+    CUmemLocationType type;
+    int id;
+} CUmemLocation;
+
+typedef struct CUmemAllocationProp_st {
+    CUmemAllocationType type;
+    CUmemAllocationHandleType requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+typedef struct CUmemAccessDesc_st {
+    CUmemLocation location;
+    CUmemAccess_flags flags;
+} CUmemAccessDesc;
+
+typedef struct CUmemPoolProps_st {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+typedef enum CUlaunchAttributeID_enum {
+    CU_LAUNCH_ATTRIBUTE_IGNORE = 0,
+    CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
+} CUlaunchAttributeID;
+
+typedef union CUlaunchAttributeValue_union {
+    char pad[64];
+    int cooperative;
+} CUlaunchAttributeValue;
+
+typedef struct CUlaunchAttribute_st {
+    CUlaunchAttributeID id;
+    char pad[8 - sizeof(CUlaunchAttributeID)];
+    CUlaunchAttributeValue value;
+} CUlaunchAttribute;
+
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX;
+    unsigned int gridDimY;
+    unsigned int gridDimZ;
+    unsigned int blockDimX;
+    unsigned int blockDimY;
+    unsigned int blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+typedef int CUjit_option;          /* options are accepted and ignored */
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;  /* only passed through */
+typedef struct CUctxCreateParams_st CUctxCreateParams;      /* only passed through */
+
+typedef enum CUdriverProcAddress_flags_enum {
+    CU_GET_PROC_ADDRESS_DEFAULT = 0,
+    CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0,
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1
+} CUdriverProcAddress_flags;
+
+typedef enum CUdriverProcAddressQueryResult_enum {
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
+} CUdriverProcAddressQueryResult;
+
+#endif /* HAMI_CHECK_AGAINST_CUDA_H */
+
+/* Calls that take the default stream exist twice in the driver: the legacy-stream
+ * name and a per-thread-default-stream one (suffix _ptsz or _ptds). Both get the
+ * same prototype. */
+#define HAMI_DECLARE_PTSZ(ret, name, suffix, params) \
+    ret name params;                                  \
+    ret name##_##suffix params;
+
+/* initialisation, version, errors */
+CUresult cuInit(unsigned int Flags);
+CUresult cuDriverGetVersion(int *driverVersion);
+CUresult cuGetErrorName(CUresult error, const char **pStr);
+CUresult cuGetErrorString(CUresult error, const char **pStr);
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus);
+
+/* devices */
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+
+/* contexts */
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                        CUdevice dev);
+CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
+CUresult cuCtxGetDevice(CUdevice *device);
+CUresult cuCtxSynchronize(void);
+
+/* memory */
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes);
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
+CUresult cuMemFreeHost(void *p);
+HAMI_DECLARE_PTSZ(CUresult, cuMemAllocAsync, ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemFreeAsync, ptsz, (CUdeviceptr dptr, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemAllocFromPoolAsync, ptsz,
+                  (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream))
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags);
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option);
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+CUresult cuArrayDestroy(CUarray hArray);
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyHtoD_v2, ptds, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoH_v2, ptds, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD8_v2, ptds, (CUdeviceptr dstDevice, unsigned char uc, size_t N))
+
+/* streams and events */
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
+HAMI_DECLARE_PTSZ(CUresult, cuStreamSynchronize, ptsz, (CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamQuery, ptsz, (CUstream hStream))
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
+HAMI_DECLARE_PTSZ(CUresult, cuEventRecord, ptsz, (CUevent hEvent, CUstream hStream))
+CUresult cuEventQuery(CUevent hEvent);
+CUresult cuEventSynchronize(CUevent hEvent);
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult cuEventDestroy_v2(CUevent hEvent);
+
+/* modules and launches */
+CUresult cuModuleLoad(CUmodule *module, const char *fname);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                            CUjit_option *options, void **optionValues);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuModuleUnload(CUmodule hmod);
+HAMI_DECLARE_PTSZ(CUresult, cuLaunchKernel, ptsz,
+                  (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                   unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                   unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra))
+HAMI_DECLARE_PTSZ(CUresult, cuLaunchKernelEx, ptsz,
+                  (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra))
+HAMI_DECLARE_PTSZ(CUresult, cuLaunchCooperativeKernel, ptsz,
+                  (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                   unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                   unsigned int sharedMemBytes, CUstream hStream, void **kernelParams))
+HAMI_DECLARE_PTSZ(CUresult, cuGraphLaunch, ptsz, (CUgraphExec hGraphExec, CUstream hStream))
+
+#endif /* HAMI_CUDA_API_H */

@@ -1,0 +1,90 @@
+/*
+ * Shared region: the one definition of the file that the runtime creates on
+ * the host (<state_dir>/containers/<id>/vgpu.region) and that every process
+ * of the container maps (path in CUDA_DEVICE_MEMORY_SHARED_CACHE).
+ *
+ * Python reads this same header through cffi (hami_runtime/region.py), so it
+ * keeps to what cffi's cdef parses: fixed-width fields, plain structs, and
+ * "#define NAME <integer>" constants. Other preprocessor lines are ignored
+ * by that reader.
+ *
+ * Protocol
+ * - Creation: the runtime writes a complete region to a temporary file and
+ *   renames it into place, so a reader sees nothing or a finished region.
+ *   A process used bare (LD_PRELOAD, no runtime) that finds no file creates
+ *   it under flock(LOCK_EX), fills the limits from its env and only then
+ *   sets `state` to HAMI_REGION_READY. A region that is READY is never
+ *   re-initialised from a process's env: limits come from the creator.
+ * - Processes: a process claims a free slot by compare-and-swap of `owner`
+ *   from 0 to hami_owner(pid, start time). Its usage lives only in its slot.
+ * - Memory charge (lock-free, never overcommits): add the size to the own
+ *   slot, then sum all slots for that device; if the sum exceeds the limit,
+ *   take the size back and refuse. Every successful charge has seen all
+ *   charges made before it (sequentially consistent atomics).
+ * - Reclaim: a slot whose process is gone (kill(pid,0) fails with ESRCH, or
+ *   /proc/<pid>/stat start time differs) is taken by CAS of `owner` from the
+ *   dead value to HAMI_OWNER_RECLAIMING; only the winner zeroes the usage and
+ *   then stores 0. No lock exists, so no dead process can hold one.
+ */
+#ifndef HAMI_REGION_H
+#define HAMI_REGION_H
+
+#include <stdint.h>
+
+#define HAMI_REGION_MAGIC 0x314e4752494d4148
+#define HAMI_REGION_VERSION 1
+#define HAMI_MAX_DEVICES 16
+#define HAMI_MAX_PROCS 1024
+#define HAMI_UUID_LEN 96
+
+#define HAMI_REGION_EMPTY 0
+#define HAMI_REGION_INITIALIZING 1
+#define HAMI_REGION_READY 2
+
+#define HAMI_OWNER_RECLAIMING 0xffffffffffffffff
+
+#define HAMI_POLICY_DEFAULT 0
+#define HAMI_POLICY_FORCE 1
+#define HAMI_POLICY_DISABLE 2
+
+struct hami_proc_slot {
+    uint64_t owner;          /* 0 free; (pid << 32) | (start time & 0xffffffff) */
+    int32_t pid;             /* pid as the container sees it */
+    int32_t host_pid;        /* pid on the host when known (hook), else 0 */
+    uint64_t started_ns;     /* CLOCK_REALTIME when the slot was claimed */
+    uint64_t mem_used[HAMI_MAX_DEVICES];     /* bytes charged, every kind */
+    uint64_t ctx_used[HAMI_MAX_DEVICES];     /* part of mem_used taken by contexts */
+    uint64_t sm_busy_ns[HAMI_MAX_DEVICES];   /* measured kernel time, cumulative */
+    uint64_t launches[HAMI_MAX_DEVICES];     /* kernel launches, cumulative */
+};
+
+struct hami_device_limit {
+    char uuid[HAMI_UUID_LEN];  /* NUL-terminated; "" when unknown (bare use) */
+    uint64_t mem_limit;        /* bytes; 0 = no limit */
+    uint32_t sm_limit;         /* percent; 0 or >= 100 = no limit */
+    uint32_t reserved;
+};
+
+/* SM limiter state shared by the container's processes, per device. */
+struct hami_sm_state {
+    int64_t tokens_ns;         /* busy time the container may still use */
+    uint64_t refill_ns;        /* CLOCK_MONOTONIC of the last refill */
+    uint64_t busy_ns;          /* measured kernel time, all processes */
+    uint64_t reserved[5];
+};
+
+struct hami_region {
+    uint64_t magic;            /* HAMI_REGION_MAGIC */
+    uint32_t version;          /* HAMI_REGION_VERSION */
+    uint32_t state;            /* HAMI_REGION_EMPTY / INITIALIZING / READY */
+    uint32_t device_count;
+    uint32_t core_policy;      /* HAMI_POLICY_* */
+    int32_t priority;          /* 0 high, 1 low */
+    uint32_t reserved0;
+    uint64_t created_ns;       /* CLOCK_REALTIME */
+    struct hami_device_limit devices[HAMI_MAX_DEVICES];
+    struct hami_sm_state sm[HAMI_MAX_DEVICES];
+    struct hami_proc_slot procs[HAMI_MAX_PROCS];
+};
+
+#endif

@@ -1,0 +1,1 @@
+# libvgpu.so: owned by the libvgpu part (placeholder until it lands).

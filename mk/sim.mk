@@ -1,0 +1,2 @@
+# Simulated driver: owned by the simulated-GPU part (placeholder until it lands).
+sim:
