@@ -1,0 +1,363 @@
+"""The shared region from Python: create, read and update it through cffi.
+
+The layout is read at import time from the one C header that libvgpu is built
+from (``libvgpu_src/region.h``), so there is no second copy of it here: only
+``#define NAME <integer>`` lines of its preprocessor part are kept, the rest of
+the header is handed to ``ffi.cdef`` as it is (cffi ABI mode, no compiler).
+
+Header lookup order: ``$HAMI_REGION_HEADER``, the source tree's
+``libvgpu_src/region.h`` beside this package, ``<sys.prefix>/share/hami/region.h``
+and ``/usr/local/share/hami/region.h`` (what ``make install`` puts there).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+import cffi
+
+REGION_FILE_NAME = "vgpu.region"
+
+_INTEGER_DEFINE = re.compile(
+    r"^\s*#\s*define\s+[A-Za-z_]\w*\s+(?:0[xX][0-9a-fA-F]+|\d+)[uUlL]*\s*(?:/\*.*\*/\s*|//.*)?$"
+)
+
+
+class RegionError(Exception):
+    """A region file that cannot be used (missing, truncated, foreign, wrong version)."""
+
+
+def header_candidates() -> List[Path]:
+    env = os.environ.get("HAMI_REGION_HEADER")
+    candidates = [Path(env)] if env else []
+    candidates.append(Path(__file__).resolve().parent.parent / "libvgpu_src" / "region.h")
+    candidates.append(Path(sys.prefix) / "share" / "hami" / "region.h")
+    candidates.append(Path("/usr/local/share/hami/region.h"))
+    return candidates
+
+
+def find_header() -> Path:
+    env = os.environ.get("HAMI_REGION_HEADER")
+    if env and not Path(env).is_file():
+        raise RegionError(f"HAMI_REGION_HEADER: no such file: {env}")
+    for candidate in header_candidates():
+        if candidate.is_file():
+            return candidate
+    tried = ", ".join(str(c) for c in header_candidates())
+    raise RegionError(f"region.h not found (tried {tried})")
+
+
+def cdef_source(header_text: str) -> str:
+    """The header as cffi's cdef takes it: integer #defines kept, other # lines dropped."""
+    lines = []
+    for line in header_text.splitlines():
+        if line.lstrip().startswith("#") and not _INTEGER_DEFINE.match(line):
+            continue
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _load_ffi() -> cffi.FFI:
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_source(find_header().read_text()))
+    return ffi
+
+
+ffi = _load_ffi()
+# The header's integer #defines, as attributes (no symbol of the process is used).
+_consts = ffi.dlopen(None)
+
+
+def _const(name: str) -> int:
+    return getattr(_consts, name)
+
+
+MAGIC = _const("HAMI_REGION_MAGIC")
+VERSION = _const("HAMI_REGION_VERSION")
+MAX_DEVICES = _const("HAMI_MAX_DEVICES")
+MAX_PROCS = _const("HAMI_MAX_PROCS")
+UUID_LEN = _const("HAMI_UUID_LEN")
+STATE_READY = _const("HAMI_REGION_READY")
+OWNER_RECLAIMING = _const("HAMI_OWNER_RECLAIMING")
+REGION_SIZE = ffi.sizeof("struct hami_region")
+
+POLICIES = {
+    "default": _const("HAMI_POLICY_DEFAULT"),
+    "force": _const("HAMI_POLICY_FORCE"),
+    "disable": _const("HAMI_POLICY_DISABLE"),
+}
+_POLICY_NAMES = {value: name for name, value in POLICIES.items()}
+STATES = {
+    _const("HAMI_REGION_EMPTY"): "empty",
+    _const("HAMI_REGION_INITIALIZING"): "initializing",
+    STATE_READY: "ready",
+}
+
+
+@dataclass(frozen=True)
+class DeviceLimit:
+    uuid: str
+    mem_limit_bytes: int  # 0 = no limit
+    sm_limit_pct: int  # 0 or >= 100 = no limit
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    mem_used: int
+    ctx_used: int
+    sm_busy_ns: int
+    launches: int
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    slot: int
+    pid: int  # as the container sees it
+    host_pid: int  # 0 when not known
+    started_ns: int
+    devices: List[DeviceUsage] = field(default_factory=list)
+
+    @property
+    def mem_used(self) -> int:
+        return sum(d.mem_used for d in self.devices)
+
+
+# ---- pure checks ---------------------------------------------------------
+
+def validate_limits(devices: Sequence[DeviceLimit], core_policy: str, priority: int) -> None:
+    """Raises ValueError naming the field and the value for anything the header cannot hold."""
+    if len(devices) > MAX_DEVICES:
+        raise ValueError(f"devices: {len(devices)} devices, at most {MAX_DEVICES}")
+    for i, dev in enumerate(devices):
+        if len(dev.uuid.encode()) >= UUID_LEN:
+            raise ValueError(f"devices[{i}].uuid: {dev.uuid!r} longer than {UUID_LEN - 1} bytes")
+        if not isinstance(dev.mem_limit_bytes, int) or not 0 <= dev.mem_limit_bytes < 2**64:
+            raise ValueError(f"devices[{i}].mem_limit_bytes: {dev.mem_limit_bytes!r} not a byte count")
+        if not isinstance(dev.sm_limit_pct, int) or not 0 <= dev.sm_limit_pct <= 100:
+            raise ValueError(f"devices[{i}].sm_limit_pct: {dev.sm_limit_pct!r} not in 0..100")
+    if core_policy not in POLICIES:
+        raise ValueError(f"core_policy: {core_policy!r} not one of {', '.join(POLICIES)}")
+    if priority not in (0, 1):
+        raise ValueError(f"priority: {priority!r} not 0 (high) or 1 (low)")
+
+
+def _fill_limits(cregion, devices: Sequence[DeviceLimit], core_policy: str, priority: int) -> None:
+    cregion.device_count = len(devices)
+    cregion.core_policy = POLICIES[core_policy]
+    cregion.priority = priority
+    for i in range(MAX_DEVICES):
+        target = cregion.devices[i]
+        if i < len(devices):
+            uuid = devices[i].uuid.encode()
+            target.uuid = uuid + b"\0" * (UUID_LEN - len(uuid))
+            target.mem_limit = devices[i].mem_limit_bytes
+            target.sm_limit = devices[i].sm_limit_pct
+        else:
+            target.uuid = b"\0" * UUID_LEN
+            target.mem_limit = 0
+            target.sm_limit = 0
+
+
+def image(devices: Sequence[DeviceLimit], core_policy: str = "default", priority: int = 1,
+          created_ns: Optional[int] = None) -> bytes:
+    """The bytes of a complete READY region with these limits and no process."""
+    validate_limits(devices, core_policy, priority)
+    cregion = ffi.new("struct hami_region *")
+    cregion.magic = MAGIC
+    cregion.version = VERSION
+    cregion.state = STATE_READY
+    cregion.created_ns = time.time_ns() if created_ns is None else created_ns
+    _fill_limits(cregion, devices, core_policy, priority)
+    return bytes(ffi.buffer(cregion))
+
+
+# ---- file edges ------------------------------------------------------------
+
+def create(path, devices: Sequence[DeviceLimit], core_policy: str = "default",
+           priority: int = 1) -> Path:
+    """Writes a READY region at `path` atomically (temp file, fsync, rename), mode 0666."""
+    path = Path(path)
+    data = image(devices, core_policy, priority)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+            os.fchmod(out.fileno(), 0o666)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+class Region:
+    """A mapped region file. Readers see the live counters libvgpu maintains."""
+
+    def __init__(self, path, writable: bool = False):
+        self.path = Path(path)
+        self.writable = writable
+        try:
+            fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        except OSError as exc:
+            raise RegionError(f"region {self.path}: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < REGION_SIZE:
+                raise RegionError(
+                    f"region {self.path}: truncated ({size} bytes, expected {REGION_SIZE})")
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self._map = mmap.mmap(fd, REGION_SIZE, access=access)
+        finally:
+            os.close(fd)
+        if writable:
+            self._c = ffi.from_buffer("struct hami_region *", self._map)
+        else:
+            # Read-only maps expose no writable buffer; a read-only cdata view over it.
+            self._c = ffi.from_buffer("struct hami_region *", self._map, require_writable=False)
+        try:
+            if self._c.magic != MAGIC:
+                raise RegionError(
+                    f"region {self.path}: bad magic {self._c.magic:#x} (expected {MAGIC:#x})")
+            if self._c.version != VERSION:
+                raise RegionError(
+                    f"region {self.path}: version {self._c.version} (this build reads {VERSION})")
+            if self._c.device_count > MAX_DEVICES:
+                raise RegionError(
+                    f"region {self.path}: device_count {self._c.device_count} "
+                    f"(at most {MAX_DEVICES})")
+        except RegionError:
+            self.close()
+            raise
+
+    # -- context manager
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._c is not None:
+            ffi.release(self._c)
+            self._c = None
+            self._map.close()
+
+    def _region(self):
+        if self._c is None:
+            raise RegionError(f"region {self.path}: closed")
+        return self._c
+
+    # -- header
+    @property
+    def state(self) -> str:
+        return STATES.get(self._region().state, str(self._region().state))
+
+    @property
+    def created_ns(self) -> int:
+        return self._region().created_ns
+
+    @property
+    def core_policy(self) -> str:
+        value = self._region().core_policy
+        return _POLICY_NAMES.get(value, str(value))
+
+    @property
+    def priority(self) -> int:
+        return self._region().priority
+
+    @property
+    def devices(self) -> List[DeviceLimit]:
+        c = self._region()
+        return [
+            DeviceLimit(
+                uuid=ffi.string(c.devices[i].uuid, UUID_LEN).decode(errors="replace"),
+                mem_limit_bytes=c.devices[i].mem_limit,
+                sm_limit_pct=c.devices[i].sm_limit,
+            )
+            for i in range(c.device_count)
+        ]
+
+    # -- usage
+    def processes(self) -> List[ProcessUsage]:
+        """Slots held by a process (free and being-reclaimed slots left out)."""
+        c = self._region()
+        count = c.device_count
+        found = []
+        for i in range(MAX_PROCS):
+            slot = c.procs[i]
+            owner = slot.owner
+            if owner == 0 or owner == OWNER_RECLAIMING:
+                continue
+            found.append(ProcessUsage(
+                slot=i, pid=slot.pid, host_pid=slot.host_pid, started_ns=slot.started_ns,
+                devices=[DeviceUsage(slot.mem_used[d], slot.ctx_used[d], slot.sm_busy_ns[d],
+                                     slot.launches[d]) for d in range(count)],
+            ))
+        return found
+
+    def used_bytes(self, device: int) -> int:
+        """What the limiter counts on `device`: the sum over every slot."""
+        self._check_device(device)
+        procs = self._region().procs
+        return sum(procs[i].mem_used[device] for i in range(MAX_PROCS))
+
+    def sm_busy_ns(self, device: int) -> int:
+        """Kernel time measured on `device`, all processes, cumulative."""
+        self._check_device(device)
+        return self._region().sm[device].busy_ns
+
+    def _check_device(self, device: int) -> None:
+        count = self._region().device_count
+        if not 0 <= device < count:
+            raise IndexError(f"device: {device} not in 0..{count - 1}")
+
+    # -- updates (the runtime and hook own these; libvgpu only reads limits)
+    def _writable(self):
+        if not self.writable:
+            raise RegionError(f"region {self.path}: opened read-only")
+        return self._region()
+
+    def set_limits(self, devices: Sequence[DeviceLimit], core_policy: Optional[str] = None,
+                   priority: Optional[int] = None) -> None:
+        c = self._writable()
+        core_policy = self.core_policy if core_policy is None else core_policy
+        priority = self.priority if priority is None else priority
+        validate_limits(devices, core_policy, priority)
+        _fill_limits(c, devices, core_policy, priority)
+
+    def set_host_pid(self, pid: int, host_pid: int) -> int:
+        """Records the host pid of every live slot of container pid `pid`; returns how many."""
+        c = self._writable()
+        updated = 0
+        for i in range(MAX_PROCS):
+            slot = c.procs[i]
+            if slot.owner not in (0, OWNER_RECLAIMING) and slot.pid == pid:
+                slot.host_pid = host_pid
+                updated += 1
+        return updated
+
+
+def open(path, writable: bool = False) -> Region:  # noqa: A001 - module-level API name
+    return Region(path, writable=writable)
+
+
+def region_path(container_dir) -> Path:
+    return Path(container_dir) / REGION_FILE_NAME
+
