@@ -1,2 +1,47 @@
-# Simulated driver: owned by the simulated-GPU part (placeholder until it lands).
-sim:
+# Simulated GPU driver (tests/simgpu): libcuda.so.1, libnvidia-ml.so.1, nvidia-smi,
+# an ld cache that makes $(BUILD)/sim a driver root, and the C test programs.
+SIM_SRC := tests/simgpu
+SIM_OUT := $(BUILD)/sim
+SIM_CFLAGS := $(BASE_CFLAGS) -fvisibility=hidden -Ilibvgpu_src -I$(SIM_SRC) -pthread
+SIM_COMMON := sim_config sim_state sim_handles
+SIM_CUDA_OBJS := $(patsubst %,$(SIM_OUT)/obj/cuda/%.o,$(SIM_COMMON) \
+	$(basename $(notdir $(wildcard $(SIM_SRC)/cu_*.c))))
+SIM_NVML_OBJS := $(patsubst %,$(SIM_OUT)/obj/nvml/%.o,$(SIM_COMMON) nvml)
+SIM_HEADERS := $(SIM_SRC)/sim.h libvgpu_src/cuda_api.h libvgpu_src/nvml_api.h
+SIM_TEST_PROGS := $(patsubst $(SIM_SRC)/progs/%.c,$(SIM_OUT)/tests/%,$(wildcard $(SIM_SRC)/progs/*.c))
+
+sim: $(SIM_OUT)/lib/libcuda.so $(SIM_OUT)/lib/libnvidia-ml.so $(SIM_OUT)/bin/nvidia-smi \
+	$(SIM_OUT)/etc/ld.so.cache $(SIM_TEST_PROGS)
+
+$(SIM_OUT)/obj/cuda/%.o: $(SIM_SRC)/%.c $(SIM_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(SIM_CFLAGS) -c $< -o $@
+
+$(SIM_OUT)/obj/nvml/%.o: $(SIM_SRC)/%.c $(SIM_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(SIM_CFLAGS) -c $< -o $@
+
+$(SIM_OUT)/lib/libcuda.so.1: $(SIM_CUDA_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,libcuda.so.1 -Wl,-z,defs -pthread -o $@ $^
+
+$(SIM_OUT)/lib/libnvidia-ml.so.1: $(SIM_NVML_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,-z,defs -pthread -o $@ $^
+
+$(SIM_OUT)/lib/%.so: $(SIM_OUT)/lib/%.so.1
+	ln -sf $(notdir $<) $@
+
+$(SIM_OUT)/bin/nvidia-smi: $(SIM_SRC)/nvidia_smi.c libvgpu_src/nvml_api.h
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -fvisibility=hidden -Ilibvgpu_src -o $@ $< -ldl
+
+$(SIM_OUT)/etc/ld.so.cache: $(SIM_OUT)/lib/libcuda.so $(SIM_OUT)/lib/libnvidia-ml.so
+	@mkdir -p $(dir $@)
+	echo /lib > $(SIM_OUT)/etc/ld.so.conf
+	ldconfig -r $(SIM_OUT)
+	ldconfig -C $@ -p | grep -q libnvidia-ml.so.1
+
+$(SIM_OUT)/tests/%: $(SIM_SRC)/progs/%.c $(SIM_OUT)/lib/libcuda.so libvgpu_src/cuda_api.h
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -Ilibvgpu_src -pthread -o $@ $< -L$(SIM_OUT)/lib -lcuda -ldl

@@ -1,0 +1,291 @@
+/* Driver API: contexts. A context takes `context_mib` of device memory while it
+ * lives; destroying it frees everything allocated in it, as the real driver does. */
+#include "sim.h"
+
+#include <stdlib.h>
+
+#define CTX_STACK_MAX 64
+
+static __thread CUcontext ctx_stack[CTX_STACK_MAX];
+static __thread int ctx_depth;
+
+static struct sim_ctx *primary[SIM_MAX_DEVICES];
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct sim_ctx *sim_ctx_check(CUcontext ctx)
+{
+    struct sim_ctx *c = sim_handle_get((uintptr_t)ctx, SIM_KIND_CTX);
+    return c && c->active ? c : NULL;
+}
+
+struct sim_ctx *sim_ctx_current(void)
+{
+    return ctx_depth > 0 ? sim_ctx_check(ctx_stack[ctx_depth - 1]) : NULL;
+}
+
+CUresult sim_ctx_current_checked(struct sim_ctx **out)
+{
+    SIM_REQUIRE_INIT();
+    *out = sim_ctx_current();
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+static int valid_device(CUdevice dev) { return dev >= 0 && dev < sim_config()->devices; }
+
+/* Takes the context's device memory and starts its default stream. */
+static CUresult ctx_start(struct sim_ctx *c)
+{
+    uint64_t bytes = sim_config()->context_mib * SIM_MIB;
+    if (sim_charge(c->dev, bytes) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    sim_context_count(c->dev, 1);
+    c->null_stream = sim_stream_new(c, 0);
+    c->active = 1;
+    return CUDA_SUCCESS;
+}
+
+static void ctx_stop(struct sim_ctx *c)
+{
+    sim_ctx_sync(c);
+    c->active = 0;
+    sim_ctx_streams_destroy(c);
+    c->null_stream = NULL;
+    sim_pools_release_ctx(c);
+    sim_free_ctx_allocations(c);
+    sim_uncharge(c->dev, sim_config()->context_mib * SIM_MIB);
+    sim_context_count(c->dev, -1);
+}
+
+static void remove_from_stack(CUcontext ctx)
+{
+    int w = 0;
+    for (int r = 0; r < ctx_depth; r++)
+        if (ctx_stack[r] != ctx)
+            ctx_stack[w++] = ctx_stack[r];
+    ctx_depth = w;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    SIM_REQUIRE_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&ctx_lock);
+    struct sim_ctx *c = primary[dev];
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        c->dev = dev;
+        c->primary = 1;
+        primary[dev] = c;
+        sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
+    }
+    if (c->refcount == 0)
+        rc = ctx_start(c);
+    if (rc == CUDA_SUCCESS) {
+        c->refcount++;
+        *pctx = (CUcontext)c;
+    }
+    pthread_mutex_unlock(&ctx_lock);
+    return rc;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    SIM_REQUIRE_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&ctx_lock);
+    struct sim_ctx *c = primary[dev];
+    if (!c || c->refcount == 0)
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (--c->refcount == 0)
+        ctx_stop(c);
+    pthread_mutex_unlock(&ctx_lock);
+    return rc;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    SIM_REQUIRE_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&ctx_lock);
+    struct sim_ctx *c = primary[dev];
+    if (c && c->refcount > 0) {
+        c->refcount = 0;
+        ctx_stop(c);
+    }
+    pthread_mutex_unlock(&ctx_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    SIM_REQUIRE_INIT();
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&ctx_lock);
+    struct sim_ctx *c = primary[dev];
+    *flags = c ? c->flags : 0;
+    *active = c && c->refcount > 0;
+    pthread_mutex_unlock(&ctx_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    SIM_REQUIRE_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&ctx_lock);
+    if (!primary[dev]) {
+        struct sim_ctx *c = calloc(1, sizeof *c);
+        c->dev = dev;
+        c->primary = 1;
+        primary[dev] = c;
+        sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
+    }
+    primary[dev]->flags = flags;
+    pthread_mutex_unlock(&ctx_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return cuDevicePrimaryCtxSetFlags_v2(dev, flags); }
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    SIM_REQUIRE_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct sim_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->dev = dev;
+    c->flags = flags;
+    CUresult rc = ctx_start(c);
+    if (rc != CUDA_SUCCESS) {
+        free(c);
+        return rc;
+    }
+    sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
+    ctx_stack[ctx_depth++] = (CUcontext)c;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev)
+{
+    if (numParams < 0 || (numParams > 0 && !paramsArray))
+        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                        CUdevice dev)
+{
+    (void)ctxCreateParams;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_ctx *c = sim_handle_get((uintptr_t)ctx, SIM_KIND_CTX);
+    if (!c || c->primary || !sim_handle_take((uintptr_t)ctx, SIM_KIND_CTX))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    remove_from_stack(ctx);
+    ctx_stop(c);
+    free(c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    SIM_REQUIRE_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    SIM_REQUIRE_INIT();
+    if (!ctx) {
+        if (ctx_depth > 0)
+            ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!sim_ctx_check(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == 0)
+        ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    SIM_REQUIRE_INIT();
+    if (!sim_ctx_check(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_stack[ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    SIM_REQUIRE_INIT();
+    if (ctx_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext top = ctx_stack[--ctx_depth];
+    if (pctx)
+        *pctx = top;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *device = c->dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_ctx_sync(c);
+    sim_pools_sync_trim(c->dev);
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,192 @@
+/* Driver API: initialisation, versions, error strings and device queries. */
+#include "sim.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+int sim_cuda_initialised;
+static int forked_after_init;
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void child_after_fork(void)
+{
+    /* As with the real driver, a forked child cannot use its parent's CUDA state. */
+    if (sim_cuda_initialised) {
+        forked_after_init = 1;
+        sim_cuda_initialised = 0;
+    }
+}
+
+CUresult cuInit(unsigned int Flags)
+{
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (forked_after_init)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (sim_cuda_initialised)
+        return CUDA_SUCCESS;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&init_lock);
+    if (!sim_cuda_initialised) {
+        if (!sim_config())
+            rc = CUDA_ERROR_NO_DEVICE;
+        else if (!sim_state())
+            rc = CUDA_ERROR_OPERATING_SYSTEM;
+        else {
+            pthread_atfork(NULL, NULL, child_after_fork);
+            __atomic_store_n(&sim_cuda_initialised, 1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&init_lock);
+    return rc;
+}
+
+CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct sim_config *cfg = sim_config();
+    *driverVersion = cfg ? cfg->cuda_version : 12040;
+    return CUDA_SUCCESS;
+}
+
+#define SIM_RESULT_NAME(name, value, text) case name: *pStr = #name; return CUDA_SUCCESS;
+#define SIM_RESULT_TEXT(name, value, text) case name: *pStr = text; return CUDA_SUCCESS;
+
+CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+        HAMI_CU_RESULTS(SIM_RESULT_NAME)
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+        HAMI_CU_RESULTS(SIM_RESULT_TEXT)
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static int valid_device(CUdevice dev)
+{
+    const struct sim_config *cfg = sim_config();
+    return cfg && dev >= 0 && dev < cfg->devices;
+}
+
+#define REQUIRE_DEVICE(dev) do { SIM_REQUIRE_INIT(); if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE; } while (0)
+
+CUresult cuDeviceGetCount(int *count)
+{
+    SIM_REQUIRE_INIT();
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = sim_config()->devices;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    SIM_REQUIRE_INIT();
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    REQUIRE_DEVICE(dev);
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "%s", sim_config()->name);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    REQUIRE_DEVICE(dev);
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_device_uuid(dev, (unsigned char *)uuid->bytes);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    REQUIRE_DEVICE(dev);
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    *bytes = sim_config()->memory_mib * SIM_MIB;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    REQUIRE_DEVICE(dev);
+    if (!pciBusId || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(pciBusId, (size_t)len, "0000:%02X:00.0", sim_device_pci_bus(dev));
+    return CUDA_SUCCESS;
+}
+
+/* Attribute values of the simulated card (an H100-like part); unlisted valid ones read 0. */
+#define SIM_ATTRIBUTES(X, cfg, dev) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, 64) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49152) \
+    X(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 65536) \
+    X(CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32) \
+    X(CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1980000) \
+    X(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, (cfg)->sms) \
+    X(CU_DEVICE_ATTRIBUTE_INTEGRATED, 0) \
+    X(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1) \
+    X(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, sim_device_pci_bus(dev)) \
+    X(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0) \
+    X(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 2619000) \
+    X(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120) \
+    X(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 52428800) \
+    X(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048) \
+    X(CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, 3) \
+    X(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1) \
+    X(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0) \
+    X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9) \
+    X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0) \
+    X(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1) \
+    X(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1) \
+    X(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1) \
+    X(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1) \
+    X(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1)
+
+#define SIM_ATTRIBUTE_CASE(attr, value) case attr: *pi = (value); return CUDA_SUCCESS;
+
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    REQUIRE_DEVICE(dev);
+    if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct sim_config *cfg = sim_config();
+    switch (attrib) {
+        SIM_ATTRIBUTES(SIM_ATTRIBUTE_CASE, cfg, dev)
+    default:
+        *pi = 0;
+        return CUDA_SUCCESS;
+    }
+}

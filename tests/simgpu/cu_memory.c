@@ -1,0 +1,247 @@
+/* Driver API: device and host allocations, copies. A device pointer is the address
+ * of a MAP_NORESERVE mapping, so simulated memory costs nothing until it is touched
+ * and copies are plain memcpy. Each allocation takes whole 2 MiB pages of device
+ * memory, as large allocations do on the real driver. */
+#include "sim.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static void *map_backing(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static CUresult alloc_charged(struct sim_ctx *ctx, size_t size, uint64_t charge, CUdeviceptr *out)
+{
+    if (sim_charge(ctx->dev, charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t mapped = sim_round_up(size, 4096);
+    void *p = map_backing(mapped);
+    struct sim_alloc *a = p ? malloc(sizeof *a) : NULL;
+    if (!a) {
+        if (p)
+            munmap(p, mapped);
+        sim_uncharge(ctx->dev, charge);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *a = (struct sim_alloc){.base = (uintptr_t)p, .size = size, .mapped = mapped, .charged = charge,
+                            .dev = ctx->dev, .ctx = ctx};
+    sim_handle_put(a->base, SIM_KIND_ALLOC, a);
+    *out = (CUdeviceptr)a->base;
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_alloc_device(struct sim_ctx *ctx, size_t size, CUdeviceptr *out)
+{
+    return alloc_charged(ctx, size, sim_round_up(size, SIM_PAGE), out);
+}
+
+void sim_alloc_release(struct sim_alloc *a)
+{
+    if (a->mapped)
+        munmap((void *)a->base, a->mapped);
+    if (a->charged)
+        sim_uncharge(a->dev, a->charged);
+    free(a);
+}
+
+static int owned_by_ctx(void *val, void *arg) { return ((struct sim_alloc *)val)->ctx == arg; }
+
+void sim_free_ctx_allocations(struct sim_ctx *ctx)
+{
+    struct sim_alloc *a;
+    while ((a = sim_handle_find(SIM_KIND_ALLOC, owned_by_ctx, ctx))) {
+        sim_handle_take(a->base, SIM_KIND_ALLOC);
+        sim_alloc_release(a);
+    }
+}
+
+struct range { uintptr_t addr; size_t len; };
+
+static int contains(void *val, void *arg)
+{
+    struct sim_alloc *a = val;
+    struct range *r = arg;
+    return r->addr >= a->base && r->addr - a->base <= a->size && r->len <= a->size - (r->addr - a->base);
+}
+
+struct sim_alloc *sim_alloc_containing(uintptr_t addr, size_t len)
+{
+    struct sim_alloc *a = sim_handle_get(addr, SIM_KIND_ALLOC);
+    if (a && len <= a->size)
+        return a;
+    struct range r = {addr, len};
+    return sim_handle_find(SIM_KIND_ALLOC, contains, &r);
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dptr || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return sim_alloc_device(ctx, bytesize, dptr);
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0 ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = sim_round_up(WidthInBytes, 512);
+    if (Height > SIZE_MAX / pitch)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    rc = sim_alloc_device(ctx, pitch * Height, dptr);
+    if (rc == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return rc;
+}
+
+/* Managed memory is charged to the device at allocation (the sim does not migrate pages). */
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    return sim_alloc_device(ctx, bytesize, dptr);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    SIM_REQUIRE_INIT();
+    if (dptr == 0)
+        return CUDA_SUCCESS;
+    struct sim_alloc *a = sim_handle_get((uintptr_t)dptr, SIM_KIND_ALLOC);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (a->pool)
+        return sim_pool_free(a, NULL);
+    if (!sim_handle_take((uintptr_t)dptr, SIM_KIND_ALLOC))
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_alloc_release(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!free || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t cap = sim_config()->memory_mib * SIM_MIB, used = sim_device_used(ctx->dev);
+    *total = cap;
+    *free = used < cap ? cap - used : 0;
+    return CUDA_SUCCESS;
+}
+
+struct host_alloc { uintptr_t base; size_t mapped; };
+
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pp || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t mapped = sim_round_up(bytesize, 4096);
+    void *p = map_backing(mapped);
+    struct host_alloc *h = p ? malloc(sizeof *h) : NULL;
+    if (!h) {
+        if (p)
+            munmap(p, mapped);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *h = (struct host_alloc){(uintptr_t)p, mapped};
+    sim_handle_put(h->base, SIM_KIND_HOST, h);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+    SIM_REQUIRE_INIT();
+    struct host_alloc *h = sim_handle_take((uintptr_t)p, SIM_KIND_HOST);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap((void *)h->base, h->mapped);
+    free(h);
+    return CUDA_SUCCESS;
+}
+
+/* Synchronous copies wait for the context's work first, as on the legacy stream. */
+static CUresult device_range(CUdeviceptr ptr, size_t len, struct sim_ctx **ctx)
+{
+    CUresult rc = sim_ctx_current_checked(ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (len == 0)
+        return CUDA_SUCCESS;
+    if (!sim_alloc_containing((uintptr_t)ptr, len))
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_ctx_sync(*ctx);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = device_range(dstDevice, ByteCount, &ctx);
+    if (rc == CUDA_SUCCESS && ByteCount) {
+        if (!srcHost)
+            return CUDA_ERROR_INVALID_VALUE;
+        memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    }
+    return rc;
+}
+
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = device_range(srcDevice, ByteCount, &ctx);
+    if (rc == CUDA_SUCCESS && ByteCount) {
+        if (!dstHost)
+            return CUDA_ERROR_INVALID_VALUE;
+        memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    }
+    return rc;
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = device_range(dstDevice, N, &ctx);
+    if (rc == CUDA_SUCCESS && N)
+        memset((void *)(uintptr_t)dstDevice, uc, N);
+    return rc;
+}
+
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    return cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount);
+}
+
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    return cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount);
+}
+
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    return cuMemsetD8_v2(dstDevice, uc, N);
+}

@@ -1,0 +1,399 @@
+/* Driver API: streams and events. Each stream has a worker thread that runs its
+ * operations in order; a kernel books its duration on the device timeline shared
+ * by all processes and the worker sleeps until it ends. The legacy and the
+ * per-thread default stream are one stream per context here. */
+#include "sim.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+
+enum op_type { OP_KERNEL, OP_CALL };
+
+struct sim_op {
+    enum op_type type;
+    uint64_t dur_us;
+    void (*fn)(void *);
+    void *arg;
+    struct sim_op *next;
+};
+
+struct sim_stream {
+    struct sim_ctx *ctx;
+    unsigned flags;
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    struct sim_op *head, *tail;
+    uint64_t enqueued, completed;
+    int has_worker, stop;
+    pthread_t worker;
+    struct sim_stream *next;              /* all streams of the process */
+};
+
+static struct sim_stream *streams;
+static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void sleep_until(uint64_t t_ns)
+{
+    struct timespec ts = {(time_t)(t_ns / 1000000000ULL), (long)(t_ns % 1000000000ULL)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+static void *worker(void *arg)
+{
+    struct sim_stream *s = arg;
+    pthread_mutex_lock(&s->m);
+    for (;;) {
+        while (!s->head && !s->stop)
+            pthread_cond_wait(&s->cv, &s->m);
+        if (!s->head)
+            break;
+        struct sim_op *op = s->head;
+        pthread_mutex_unlock(&s->m);
+        if (op->type == OP_KERNEL) {
+            uint64_t dur_ns = op->dur_us * 1000ULL;
+            uint64_t start = sim_book_kernel(s->ctx->dev, dur_ns);
+            sleep_until(start + dur_ns);
+        } else {
+            op->fn(op->arg);
+        }
+        pthread_mutex_lock(&s->m);
+        s->head = op->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->completed++;
+        free(op);
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->m);
+    return NULL;
+}
+
+struct sim_stream *sim_stream_new(struct sim_ctx *ctx, unsigned flags)
+{
+    struct sim_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        abort();
+    s->ctx = ctx;
+    s->flags = flags;
+    pthread_mutex_init(&s->m, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_lock(&streams_lock);
+    s->next = streams;
+    streams = s;
+    pthread_mutex_unlock(&streams_lock);
+    return s;
+}
+
+void sim_stream_wait_idle(struct sim_stream *s)
+{
+    pthread_mutex_lock(&s->m);
+    while (s->completed < s->enqueued)
+        pthread_cond_wait(&s->cv, &s->m);
+    pthread_mutex_unlock(&s->m);
+}
+
+void sim_stream_free(struct sim_stream *s)
+{
+    pthread_mutex_lock(&streams_lock);
+    for (struct sim_stream **p = &streams; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    pthread_mutex_unlock(&streams_lock);
+    pthread_mutex_lock(&s->m);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->cv);
+    int joined = s->has_worker;
+    pthread_mutex_unlock(&s->m);
+    if (joined)
+        pthread_join(s->worker, NULL);
+    pthread_mutex_destroy(&s->m);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+static void enqueue(struct sim_stream *s, struct sim_op *op)
+{
+    pthread_mutex_lock(&s->m);
+    if (!s->has_worker) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        if (pthread_create(&s->worker, &attr, worker, s) != 0)
+            abort();
+        pthread_attr_destroy(&attr);
+        s->has_worker = 1;
+    }
+    if (s->tail)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+    s->enqueued++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->m);
+}
+
+void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us)
+{
+    struct sim_op *op = calloc(1, sizeof *op);
+    if (!op)
+        abort();
+    op->type = OP_KERNEL;
+    op->dur_us = dur_us;
+    enqueue(s, op);
+}
+
+void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg)
+{
+    struct sim_op *op = calloc(1, sizeof *op);
+    if (!op)
+        abort();
+    op->type = OP_CALL;
+    op->fn = fn;
+    op->arg = arg;
+    enqueue(s, op);
+}
+
+struct sim_ctx *sim_stream_ctx(struct sim_stream *s) { return s->ctx; }
+
+void sim_ctx_sync(struct sim_ctx *ctx)
+{
+    pthread_mutex_lock(&streams_lock);
+    for (struct sim_stream *s = streams; s; s = s->next)
+        if (s->ctx == ctx)
+            sim_stream_wait_idle(s);
+    pthread_mutex_unlock(&streams_lock);
+}
+
+void sim_ctx_streams_destroy(struct sim_ctx *ctx)
+{
+    for (;;) {
+        struct sim_stream *victim = NULL;
+        pthread_mutex_lock(&streams_lock);
+        for (struct sim_stream *s = streams; s && !victim; s = s->next)
+            if (s->ctx == ctx)
+                victim = s;
+        pthread_mutex_unlock(&streams_lock);
+        if (!victim)
+            return;
+        sim_handle_take((uintptr_t)victim, SIM_KIND_STREAM);
+        sim_stream_free(victim);
+    }
+}
+
+CUresult sim_stream_resolve(CUstream h, struct sim_stream **out)
+{
+    SIM_REQUIRE_INIT();
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        struct sim_ctx *ctx = sim_ctx_current();
+        if (!ctx)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *out = ctx->null_stream;
+        return CUDA_SUCCESS;
+    }
+    struct sim_stream *s = sim_handle_get((uintptr_t)h, SIM_KIND_STREAM);
+    if (!s || !s->ctx->active)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_stream *s = sim_stream_new(ctx, Flags);
+    sim_handle_put((uintptr_t)s, SIM_KIND_STREAM, s);
+    *phStream = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_stream_wait_idle(s);
+    sim_pools_sync_trim(s->ctx->dev);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return cuStreamSynchronize(hStream); }
+
+CUresult cuStreamQuery(CUstream hStream)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&s->m);
+    int idle = s->completed == s->enqueued;
+    pthread_mutex_unlock(&s->m);
+    return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuStreamQuery_ptsz(CUstream hStream) { return cuStreamQuery(hStream); }
+
+CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_stream *s = sim_handle_take((uintptr_t)hStream, SIM_KIND_STREAM);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    sim_stream_wait_idle(s);
+    sim_stream_free(s);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
+
+/* ---- events ---- */
+
+struct sim_event {
+    unsigned flags;
+    int refs;                             /* the handle + queued records */
+    uint64_t recorded, done;              /* record generations */
+    uint64_t time_ns;
+};
+
+static pthread_mutex_t events_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t events_cv = PTHREAD_COND_INITIALIZER;
+
+struct record_op { struct sim_event *ev; uint64_t gen; };
+
+static void event_unref_locked(struct sim_event *ev)
+{
+    if (--ev->refs == 0)
+        free(ev);
+}
+
+static void event_reached(void *arg)
+{
+    struct record_op *r = arg;
+    pthread_mutex_lock(&events_lock);
+    if (r->ev->recorded == r->gen) {
+        r->ev->time_ns = sim_now_ns();
+        r->ev->done = r->gen;
+    }
+    event_unref_locked(r->ev);
+    pthread_cond_broadcast(&events_cv);
+    pthread_mutex_unlock(&events_lock);
+    free(r);
+}
+
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!phEvent || (Flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | 0x4)))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ev->flags = Flags;
+    ev->refs = 1;
+    sim_handle_put((uintptr_t)ev, SIM_KIND_EVENT, ev);
+    *phEvent = (CUevent)ev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct record_op *r = malloc(sizeof *r);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&events_lock);
+    r->ev = ev;
+    r->gen = ++ev->recorded;
+    ev->refs++;
+    pthread_mutex_unlock(&events_lock);
+    sim_stream_enqueue_call(s, event_reached, r);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return cuEventRecord(hEvent, hStream); }
+
+CUresult cuEventQuery(CUevent hEvent)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&events_lock);
+    int done = ev->done == ev->recorded;
+    pthread_mutex_unlock(&events_lock);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&events_lock);
+    uint64_t want = ev->recorded;
+    while (ev->done < want)
+        pthread_cond_wait(&events_cv, &events_lock);
+    pthread_mutex_unlock(&events_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    SIM_REQUIRE_INIT();
+    if (!pMilliseconds)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_event *a = sim_handle_get((uintptr_t)hStart, SIM_KIND_EVENT);
+    struct sim_event *b = sim_handle_get((uintptr_t)hEnd, SIM_KIND_EVENT);
+    if (!a || !b)
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&events_lock);
+    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING || !a->recorded || !b->recorded)
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    else if (a->done != a->recorded || b->done != b->recorded)
+        rc = CUDA_ERROR_NOT_READY;
+    else
+        *pMilliseconds = (float)((double)((int64_t)(b->time_ns - a->time_ns)) / 1e6);
+    pthread_mutex_unlock(&events_lock);
+    return rc;
+}
+
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    return cuEventElapsedTime(pMilliseconds, hStart, hEnd);
+}
+
+CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_event *ev = sim_handle_take((uintptr_t)hEvent, SIM_KIND_EVENT);
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&events_lock);
+    event_unref_locked(ev);
+    pthread_mutex_unlock(&events_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }

@@ -1,0 +1,341 @@
+/* NVML of the simulated machine: devices from the config, memory and processes from
+ * the shared state, utilisation from the kernels booked on each device's timeline. */
+#include "sim.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+struct nvml_device { int index; };
+
+static struct nvml_device devices[SIM_MAX_DEVICES];
+static int init_count;
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define NVML_VALUE_NOT_AVAILABLE 0xFFFFFFFFu
+
+static nvmlReturn_t init(void)
+{
+    if (!sim_config())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (!sim_state())
+        return NVML_ERROR_UNKNOWN;
+    pthread_mutex_lock(&init_lock);
+    for (int i = 0; i < SIM_MAX_DEVICES; i++)
+        devices[i].index = i;
+    init_count++;
+    pthread_mutex_unlock(&init_lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return init(); }
+nvmlReturn_t nvmlInit(void) { return init(); }
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;  /* NO_GPUS / NO_ATTACH change nothing for simulated devices */
+    return init();
+}
+
+nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    pthread_mutex_lock(&init_lock);
+    if (init_count == 0)
+        rc = NVML_ERROR_UNINITIALIZED;
+    else
+        init_count--;
+    pthread_mutex_unlock(&init_lock);
+    return rc;
+}
+
+#define SIM_NVML_TEXT(name, value, text) case name: return text;
+
+const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+        HAMI_NVML_RETURNS(SIM_NVML_TEXT)
+    }
+    return "Unknown Error";
+}
+
+static int initialised(void) { return __atomic_load_n(&init_count, __ATOMIC_ACQUIRE) > 0; }
+
+#define REQUIRE_INIT() do { if (!initialised()) return NVML_ERROR_UNINITIALIZED; } while (0)
+
+/* The device index behind a handle, or -1 when the handle is not one of ours. */
+static int device_of(nvmlDevice_t handle)
+{
+    struct nvml_device *d = (struct nvml_device *)handle;
+    if (d < devices || d >= devices + sim_config()->devices)
+        return -1;
+    return d->index;
+}
+
+#define REQUIRE_DEVICE(handle, idx) \
+    REQUIRE_INIT(); \
+    int idx = device_of(handle); \
+    if (idx < 0) return NVML_ERROR_INVALID_ARGUMENT
+
+static nvmlReturn_t copy_string(const char *text, char *out, unsigned int length)
+{
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(text) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, text, strlen(text) + 1);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    REQUIRE_INIT();
+    return copy_string(sim_config()->driver_version, version, length);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    if (!cudaDriverVersion)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    REQUIRE_INIT();
+    *cudaDriverVersion = sim_config()->cuda_version;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    REQUIRE_INIT();
+    if (!deviceCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *deviceCount = (unsigned)sim_config()->devices;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    REQUIRE_INIT();
+    if (!device || index >= (unsigned)sim_config()->devices)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = (nvmlDevice_t)&devices[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    REQUIRE_INIT();
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < sim_config()->devices; i++) {
+        char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+        sim_device_uuid_string(i, text, sizeof text);
+        if (!strcmp(text, uuid)) {
+            *device = (nvmlDevice_t)&devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    REQUIRE_DEVICE(device, idx);
+    char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    sim_device_uuid_string(idx, text, sizeof text);
+    return copy_string(text, uuid, length);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    REQUIRE_DEVICE(device, idx);
+    (void)idx;
+    return copy_string(sim_config()->name, name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!index)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned)idx;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!minorNumber)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *minorNumber = (unsigned)idx;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    REQUIRE_DEVICE(device, idx);
+    (void)idx;
+    if (!major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = 9;
+    *minor = 0;
+    return NVML_SUCCESS;
+}
+
+static void memory_of(int idx, uint64_t *total, uint64_t *used)
+{
+    *total = sim_config()->memory_mib * SIM_MIB;
+    *used = sim_device_used(idx);
+    if (*used > *total)
+        *used = *total;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t total, used;
+    memory_of(idx, &total, &used);
+    memory->total = total;
+    memory->used = used;
+    memory->free = total - used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    uint64_t total, used;
+    memory_of(idx, &total, &used);
+    memory->total = total;
+    memory->reserved = 0;
+    memory->used = used;
+    memory->free = total - used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    unsigned bus = (unsigned)sim_device_pci_bus(idx);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", bus);
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02X:00.0", bus);
+    pci->domain = 0;
+    pci->bus = bus;
+    pci->device = 0;
+    pci->pciDeviceId = 0x233010DEu;
+    pci->pciSubSystemId = 0x16C110DEu;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!utilization)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t now = sim_now_ns();
+    uint64_t busy = sim_busy_ns(idx, 0, now - SIM_UTIL_WINDOW_NS, now);
+    utilization->gpu = (unsigned)((busy * 100 + SIM_UTIL_WINDOW_NS / 2) / SIM_UTIL_WINDOW_NS);
+    utilization->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/* One sample per process that ran kernels in the last second: its busy share of that
+ * second, stamped (CPU time, µs) with the end of its last kernel in it. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!processSamplesCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t now = sim_now_ns(), from = now - SIM_UTIL_WINDOW_NS;
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    uint64_t real_now_us = (uint64_t)rt.tv_sec * 1000000ULL + (uint64_t)rt.tv_nsec / 1000ULL;
+    uint32_t pids[SIM_MAX_PROCS];
+    uint64_t last_end[SIM_MAX_PROCS];
+    unsigned found = sim_busy_pids(idx, from, now, pids, last_end, SIM_MAX_PROCS), n = 0;
+    nvmlProcessUtilizationSample_t samples[SIM_MAX_PROCS];
+    for (unsigned i = 0; i < found; i++) {
+        uint64_t stamp = real_now_us - (now - last_end[i]) / 1000ULL;
+        if (stamp <= lastSeenTimeStamp)
+            continue;
+        uint64_t busy = sim_busy_ns(idx, pids[i], from, now);
+        samples[n++] = (nvmlProcessUtilizationSample_t){
+            .pid = pids[i], .timeStamp = stamp,
+            .smUtil = (unsigned)((busy * 100 + SIM_UTIL_WINDOW_NS / 2) / SIM_UTIL_WINDOW_NS)};
+    }
+    if (n == 0) {
+        *processSamplesCount = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!utilization || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    memcpy(utilization, samples, n * sizeof *samples);
+    *processSamplesCount = n;
+    return NVML_SUCCESS;
+}
+
+/* Processes with a context on the device; fills either layout. */
+static nvmlReturn_t running_processes(int idx, unsigned int *infoCount, nvmlProcessInfo_v1_t *v1,
+                                      nvmlProcessInfo_t *v2)
+{
+    if (!infoCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct sim_proc_usage procs[SIM_MAX_PROCS];
+    unsigned n = sim_device_procs(idx, procs, SIM_MAX_PROCS);
+    if (*infoCount < n || (n > 0 && !v1 && !v2)) {
+        *infoCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        if (v1)
+            v1[i] = (nvmlProcessInfo_v1_t){procs[i].pid, procs[i].used};
+        else
+            v2[i] = (nvmlProcessInfo_t){procs[i].pid, procs[i].used, NVML_VALUE_NOT_AVAILABLE,
+                                        NVML_VALUE_NOT_AVAILABLE};
+    }
+    *infoCount = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                  nvmlProcessInfo_v1_t *infos)
+{
+    REQUIRE_DEVICE(device, idx);
+    return running_processes(idx, infoCount, infos, NULL);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos)
+{
+    REQUIRE_DEVICE(device, idx);
+    return running_processes(idx, infoCount, NULL, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos)
+{
+    REQUIRE_DEVICE(device, idx);
+    return running_processes(idx, infoCount, NULL, infos);
+}

@@ -1,0 +1,163 @@
+/*
+ * Simulated GPU driver: what its files offer each other. Both libcuda.so.1
+ * and libnvidia-ml.so.1 are built from these sources; only the API entry
+ * points (declared in the shared headers, included with default visibility)
+ * are exported.
+ */
+#ifndef HAMI_SIM_H
+#define HAMI_SIM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#pragma GCC visibility push(default)
+#include "cuda_api.h"
+#include "nvml_api.h"
+#pragma GCC visibility pop
+
+#define SIM_MAX_DEVICES 16
+#define SIM_MAX_PROCS 1024
+#define SIM_RING 32768                   /* kernel intervals remembered per device */
+#define SIM_STATE_MAGIC 0x3154535f4d495348ULL
+#define SIM_STATE_VERSION 1
+#define SIM_MIB (1024ULL * 1024ULL)
+#define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
+#define SIM_HEARTBEAT_NS 1000000000ULL
+#define SIM_STALE_NS 10000000000ULL      /* foreign pid namespace: dead after 10 s without a beat */
+#define SIM_UTIL_WINDOW_NS 1000000000ULL
+
+static inline uint64_t sim_round_up(uint64_t v, uint64_t unit) { return (v + unit - 1) / unit * unit; }
+
+/* ---- configuration (sim_config.c) ---- */
+struct sim_config {
+    int devices;
+    uint64_t memory_mib;
+    int sms;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    uint64_t context_mib;
+    char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    int cuda_version;
+};
+/* The configuration, read once; NULL (after one stderr line) when it is bad. */
+const struct sim_config *sim_config(void);
+void sim_device_uuid(int index, unsigned char out[16]);
+void sim_device_uuid_string(int index, char *out, size_t len);  /* "GPU-xxxxxxxx-..." */
+int sim_device_pci_bus(int index);
+
+/* ---- cross-process state file (sim_state.c) ---- */
+struct sim_proc_slot {
+    uint32_t live;                       /* changed under the state mutex only */
+    uint32_t pid;
+    uint64_t start_time;                 /* /proc/<pid>/stat field 22 */
+    uint64_t pidns;                      /* inode of /proc/<pid>/ns/pid */
+    _Atomic uint64_t heartbeat_ns;
+    _Atomic uint64_t used[SIM_MAX_DEVICES];       /* bytes of device memory */
+    _Atomic uint32_t contexts[SIM_MAX_DEVICES];   /* live contexts per device */
+};
+
+struct sim_interval {                    /* one kernel on a device's timeline */
+    _Atomic uint64_t seq;                /* ring position + 1 once written, 0 while writing */
+    uint64_t start_ns, end_ns;           /* CLOCK_MONOTONIC */
+    uint32_t pid, slot;
+};
+
+struct sim_device_state {
+    _Atomic uint64_t busy_until_ns;      /* end of the last kernel booked on the device */
+    _Atomic uint64_t ring_head;
+    struct sim_interval ring[SIM_RING];
+};
+
+struct sim_state {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t devices;
+    uint64_t memory_bytes;
+    pthread_mutex_t lock;                /* process-shared, robust: guards slot claims and charges */
+    struct sim_proc_slot procs[SIM_MAX_PROCS];
+    struct sim_device_state dev[SIM_MAX_DEVICES];
+};
+
+/* Maps the state file (HAMI_SIM_STATE); NULL after one stderr line on failure. */
+struct sim_state *sim_state(void);
+uint64_t sim_now_ns(void);              /* CLOCK_MONOTONIC */
+/* Charge `bytes` of device memory to this process; 0, or -1 when the device is full. */
+int sim_charge(int dev, uint64_t bytes);
+void sim_uncharge(int dev, uint64_t bytes);
+void sim_context_count(int dev, int delta);
+/* Memory in use on a device by all live processes (dead ones are reclaimed first). */
+uint64_t sim_device_used(int dev);
+struct sim_proc_usage { uint32_t pid; uint64_t used; };
+/* Live processes with a context or memory on `dev`; returns how many there are (may exceed max). */
+unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max);
+/* Books `dur_ns` on the device timeline (start = max(now, busy_until)); returns start. */
+uint64_t sim_book_kernel(int dev, uint64_t dur_ns);
+/* Busy nanoseconds of the device (pid 0: all processes) within [from, to]. */
+uint64_t sim_busy_ns(int dev, uint32_t pid, uint64_t from, uint64_t to);
+/* pids that ran kernels on dev within [from, to]; returns how many (up to max), last end each. */
+unsigned sim_busy_pids(int dev, uint64_t from, uint64_t to, uint32_t *pids, uint64_t *last_end, unsigned max);
+
+/* ---- handle registry (sim_handles.c): every handle is checked here before use ---- */
+enum sim_kind {
+    SIM_KIND_CTX = 1, SIM_KIND_STREAM, SIM_KIND_EVENT, SIM_KIND_MODULE, SIM_KIND_FUNC,
+    SIM_KIND_ALLOC, SIM_KIND_HOST, SIM_KIND_POOL, SIM_KIND_ARRAY, SIM_KIND_GRAPH,
+    SIM_KIND_GRAPH_EXEC, SIM_KIND_VMM_HANDLE, SIM_KIND_VMM_RESERVE, SIM_KIND_VMM_MAP
+};
+void sim_handle_put(uintptr_t key, int kind, void *val);
+void *sim_handle_get(uintptr_t key, int kind);
+void *sim_handle_take(uintptr_t key, int kind);
+/* First value of `kind` for which match(val, arg) is true, or NULL. */
+void *sim_handle_find(int kind, int (*match)(void *val, void *arg), void *arg);
+
+/* ---- driver-side objects (libcuda only) ---- */
+struct sim_stream;
+struct sim_ctx {
+    int dev;
+    int primary;
+    int active;                          /* 0 once destroyed/released */
+    int refcount;                        /* primary contexts: retain count */
+    unsigned flags;
+    struct sim_stream *null_stream;      /* legacy and per-thread default stream */
+};
+
+struct sim_alloc {
+    uintptr_t base;
+    size_t size;                         /* bytes asked for */
+    size_t mapped;                       /* bytes of host mapping behind it (0: none) */
+    uint64_t charged;                    /* device bytes charged (pool allocations: 0) */
+    int dev;
+    struct sim_ctx *ctx;
+    struct sim_pool *pool;               /* pool allocations */
+};
+
+extern int sim_cuda_initialised;
+#define SIM_REQUIRE_INIT() do { if (!sim_cuda_initialised) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+
+/* sim_context.c */
+struct sim_ctx *sim_ctx_check(CUcontext ctx);     /* NULL unless a live context */
+struct sim_ctx *sim_ctx_current(void);            /* NULL when none or not live */
+CUresult sim_ctx_current_checked(struct sim_ctx **out);
+/* sim_memory.c */
+CUresult sim_alloc_device(struct sim_ctx *ctx, size_t size, CUdeviceptr *out);
+void sim_free_ctx_allocations(struct sim_ctx *ctx);
+void sim_alloc_release(struct sim_alloc *a);
+struct sim_alloc *sim_alloc_containing(uintptr_t addr, size_t len);
+/* sim_stream.c */
+struct sim_stream *sim_stream_new(struct sim_ctx *ctx, unsigned flags);
+void sim_stream_free(struct sim_stream *s);
+/* Resolves a CUstream (NULL, legacy, per-thread or a handle) to a live stream. */
+CUresult sim_stream_resolve(CUstream h, struct sim_stream **out);
+void sim_stream_wait_idle(struct sim_stream *s);
+void sim_ctx_sync(struct sim_ctx *ctx);           /* every stream of the context */
+void sim_ctx_streams_destroy(struct sim_ctx *ctx);
+struct sim_ctx *sim_stream_ctx(struct sim_stream *s);
+/* Queues a kernel of `dur_us` microseconds; fn (may be NULL) runs on the worker in order. */
+void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us);
+void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg);
+/* sim_pool.c */
+void sim_pools_release_ctx(struct sim_ctx *ctx);
+void sim_pools_sync_trim(int dev);
+CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s);
+
+#endif

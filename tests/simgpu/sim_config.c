@@ -1,0 +1,161 @@
+/* The simulated machine's shape: defaults, or `key = value` lines from HAMI_SIM_CONFIG. */
+#include "sim.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct sim_config config;
+static int config_ok;
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *end = s + strlen(s);
+    while (end > s && isspace((unsigned char)end[-1]))
+        *--end = '\0';
+    return s;
+}
+
+static int parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out)
+{
+    char *end;
+    if (!isdigit((unsigned char)*text))
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || *end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int copy_text(const char *text, char *out, size_t size)
+{
+    if (!*text || strlen(text) >= size)
+        return -1;
+    strcpy(out, text);
+    return 0;
+}
+
+/* One key: 0 on success, -1 bad value, -2 unknown key. */
+static int apply(struct sim_config *c, const char *key, const char *value)
+{
+    uint64_t v;
+    if (!strcmp(key, "devices")) {
+        if (parse_u64(value, 1, SIM_MAX_DEVICES, &v)) return -1;
+        c->devices = (int)v;
+    } else if (!strcmp(key, "memory_mib")) {
+        if (parse_u64(value, 1, 1ULL << 24, &v)) return -1;
+        c->memory_mib = v;
+    } else if (!strcmp(key, "sms")) {
+        if (parse_u64(value, 1, 1024, &v)) return -1;
+        c->sms = (int)v;
+    } else if (!strcmp(key, "context_mib")) {
+        if (parse_u64(value, 0, 1ULL << 24, &v)) return -1;
+        c->context_mib = v;
+    } else if (!strcmp(key, "cuda_version")) {
+        if (parse_u64(value, 1000, 99999, &v)) return -1;
+        c->cuda_version = (int)v;
+    } else if (!strcmp(key, "name")) {
+        return copy_text(value, c->name, sizeof c->name);
+    } else if (!strcmp(key, "driver_version")) {
+        return copy_text(value, c->driver_version, sizeof c->driver_version);
+    } else {
+        return -2;
+    }
+    return 0;
+}
+
+static int load_file(const char *path, struct sim_config *c)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "hami-sim: HAMI_SIM_CONFIG=%s: cannot open: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char line[512];
+    int lineno = 0, rc = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line);
+        if (!*s)
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            fprintf(stderr, "hami-sim: %s:%d: expected 'key = value', got '%s'\n", path, lineno, s);
+            rc = -1;
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *value = trim(eq + 1);
+        int r = apply(c, key, value);
+        if (r == -2)
+            fprintf(stderr, "hami-sim: %s:%d: unknown key '%s'\n", path, lineno, key);
+        else if (r == -1)
+            fprintf(stderr, "hami-sim: %s:%d: bad value for %s: '%s'\n", path, lineno, key, value);
+        rc = r ? -1 : 0;
+    }
+    fclose(f);
+    if (rc == 0 && c->context_mib >= c->memory_mib) {
+        fprintf(stderr, "hami-sim: %s: context_mib %llu must be below memory_mib %llu\n", path,
+                (unsigned long long)c->context_mib, (unsigned long long)c->memory_mib);
+        rc = -1;
+    }
+    return rc;
+}
+
+static void load(void)
+{
+    struct sim_config c = {
+        .devices = 2, .memory_mib = 16384, .sms = 132, .name = "HAMi Simulated GPU",
+        .context_mib = 300, .driver_version = "550.54.15", .cuda_version = 12040,
+    };
+    const char *path = getenv("HAMI_SIM_CONFIG");
+    if (path && *path && load_file(path, &c))
+        return;
+    config = c;
+    config_ok = 1;
+}
+
+const struct sim_config *sim_config(void)
+{
+    pthread_once(&config_once, load);
+    return config_ok ? &config : NULL;
+}
+
+/* Stable per index: the same card has the same UUID in every process and run. */
+void sim_device_uuid(int index, unsigned char out[16])
+{
+    uint64_t x = 0x48414d6953494d00ULL + (uint64_t)index;
+    for (int half = 0; half < 2; half++) {
+        /* splitmix64 */
+        x += 0x9e3779b97f4a7c15ULL;
+        uint64_t z = x;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        z ^= z >> 31;
+        for (int i = 0; i < 8; i++)
+            out[half * 8 + i] = (unsigned char)(z >> (8 * i));
+    }
+    out[6] = (unsigned char)((out[6] & 0x0f) | 0x40);
+    out[8] = (unsigned char)((out[8] & 0x3f) | 0x80);
+}
+
+void sim_device_uuid_string(int index, char *out, size_t len)
+{
+    unsigned char u[16];
+    sim_device_uuid(index, u);
+    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+int sim_device_pci_bus(int index) { return 0x18 + index * 8; }

@@ -1,0 +1,479 @@
+/*
+ * The state every process of the simulated machine shares: a file (HAMI_SIM_STATE,
+ * default /dev/shm/hami-sim.state) mapped by each of them.
+ *
+ * - Creation: a complete file is written under a temporary name and link()ed into
+ *   place, so nobody sees a half-made one.
+ * - Memory: each process owns one slot; its usage lives only there. Claims and
+ *   charges take a process-shared robust mutex; a holder killed inside it leaves
+ *   the mutex EOWNERDEAD, the next locker marks it consistent, and since every
+ *   change under the lock is a single store nothing is left half-done.
+ * - Reclaim: a slot whose process is gone (no /proc entry, a zombie, or another
+ *   start time: the pid was reused) is freed by whoever looks next. Slots from
+ *   another pid namespace cannot be checked that way: they count as alive until
+ *   their heartbeat (updated every second) is SIM_STALE_NS old.
+ * - Kernels: a device's timeline is its busy_until time; a kernel is booked by CAS
+ *   (start = max(now, busy_until)), so no two kernels overlap on one device, across
+ *   processes. Booked intervals go to a ring that utilisation is computed from.
+ */
+#include "sim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static struct sim_state *state;
+static int state_failed;
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int self_slot = -1;
+static uint32_t self_pid;
+static uint64_t self_start, self_pidns;
+static int heartbeat_started;
+
+uint64_t sim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* Start time (field 22) and state letter of /proc/<pid>/stat; -1 when there is none. */
+static int proc_stat(uint32_t pid, uint64_t *start_time, char *letter)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ')
+        return -1;
+    p += 2;
+    *letter = *p;
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return -1;
+        p++;
+    }
+    *start_time = strtoull(p, NULL, 10);
+    return 0;
+}
+
+static uint64_t pidns_inode(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+static int slot_alive(const struct sim_proc_slot *p)
+{
+    if (p->pidns && self_pidns && p->pidns != self_pidns)
+        return sim_now_ns() - atomic_load(&p->heartbeat_ns) < SIM_STALE_NS;
+    uint64_t start;
+    char letter;
+    if (proc_stat(p->pid, &start, &letter) < 0)
+        return kill((pid_t)p->pid, 0) == 0 || errno == EPERM;
+    if (letter == 'Z' || letter == 'X')
+        return 0;  /* exited: a real driver has released its memory already */
+    return p->start_time == 0 || start == p->start_time;
+}
+
+static void state_lock(struct sim_state *s)
+{
+    if (pthread_mutex_lock(&s->lock) == EOWNERDEAD)
+        pthread_mutex_consistent(&s->lock);
+}
+
+static void state_unlock(struct sim_state *s) { pthread_mutex_unlock(&s->lock); }
+
+static void init_fresh(struct sim_state *s, const struct sim_config *cfg)
+{
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&s->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+    s->version = SIM_STATE_VERSION;
+    s->devices = (uint32_t)cfg->devices;
+    s->memory_bytes = cfg->memory_mib * SIM_MIB;
+    s->magic = SIM_STATE_MAGIC;
+}
+
+static struct sim_state *map_fd(int fd)
+{
+    void *p = mmap(NULL, sizeof(struct sim_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Writes a fresh state under a temporary name and links it into place. */
+static int create_state(const char *path, const struct sim_config *cfg)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%llu", path, (int)getpid(), (unsigned long long)sim_now_ns());
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return -1;
+    fchmod(fd, 0666);  /* containers with other uids share it */
+    int rc = -1;
+    struct sim_state *s = NULL;
+    if (ftruncate(fd, sizeof(struct sim_state)) == 0 && (s = map_fd(fd))) {
+        init_fresh(s, cfg);
+        msync(s, 4096, MS_SYNC);
+        if (link(tmp, path) == 0 || errno == EEXIST)
+            rc = 0;
+        munmap(s, sizeof(struct sim_state));
+    }
+    int saved = errno;
+    unlink(tmp);
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+static struct sim_state *open_state(void)
+{
+    const struct sim_config *cfg = sim_config();
+    if (!cfg)
+        return NULL;
+    const char *path = getenv("HAMI_SIM_STATE");
+    if (!path || !*path)
+        path = "/dev/shm/hami-sim.state";
+    for (int attempt = 0; attempt < 3; attempt++) {
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+            if (create_state(path, cfg) < 0) {
+                fprintf(stderr, "hami-sim: HAMI_SIM_STATE=%s: cannot create: %s\n", path, strerror(errno));
+                return NULL;
+            }
+            continue;
+        }
+        if (fd < 0) {
+            fprintf(stderr, "hami-sim: HAMI_SIM_STATE=%s: cannot open: %s\n", path, strerror(errno));
+            return NULL;
+        }
+        struct stat st;
+        struct sim_state *s = NULL;
+        if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct sim_state))
+            s = map_fd(fd);
+        close(fd);
+        if (!s || s->magic != SIM_STATE_MAGIC || s->version != SIM_STATE_VERSION) {
+            fprintf(stderr, "hami-sim: HAMI_SIM_STATE=%s: not a state file of version %d\n", path,
+                    SIM_STATE_VERSION);
+            if (s)
+                munmap(s, sizeof(struct sim_state));
+            return NULL;
+        }
+        if (s->devices != (uint32_t)cfg->devices || s->memory_bytes != cfg->memory_mib * SIM_MIB) {
+            fprintf(stderr, "hami-sim: HAMI_SIM_STATE=%s: made for %u devices x %llu MiB, config says %d x %llu MiB\n",
+                    path, s->devices, (unsigned long long)(s->memory_bytes / SIM_MIB), cfg->devices,
+                    (unsigned long long)cfg->memory_mib);
+            munmap(s, sizeof(struct sim_state));
+            return NULL;
+        }
+        return s;
+    }
+    fprintf(stderr, "hami-sim: HAMI_SIM_STATE=%s: cannot open\n", path);
+    return NULL;
+}
+
+static void forget_self_in_child(void) { self_slot = -1; heartbeat_started = 0; }
+
+struct sim_state *sim_state(void)
+{
+    struct sim_state *s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (s || state_failed)
+        return s;
+    pthread_mutex_lock(&open_lock);
+    if (!state && !state_failed) {
+        s = open_state();
+        if (!s) {
+            state_failed = 1;
+        } else {
+            self_pid = (uint32_t)getpid();
+            char letter;
+            if (proc_stat(self_pid, &self_start, &letter) < 0)
+                self_start = 0;
+            self_pidns = pidns_inode();
+            pthread_atfork(NULL, NULL, forget_self_in_child);
+            __atomic_store_n(&state, s, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&open_lock);
+    return state;
+}
+
+static void *heartbeat(void *arg)
+{
+    struct sim_proc_slot *slot = arg;
+    for (;;) {
+        atomic_store(&slot->heartbeat_ns, sim_now_ns());
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void sweep_locked(struct sim_state *s)
+{
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        struct sim_proc_slot *p = &s->procs[i];
+        if (!p->live || i == self_slot || slot_alive(p))
+            continue;
+        for (int d = 0; d < SIM_MAX_DEVICES; d++) {
+            atomic_store(&p->used[d], 0);
+            atomic_store(&p->contexts[d], 0);
+        }
+        p->live = 0;
+    }
+}
+
+/* This process's slot, claimed on first use (state lock held). */
+static struct sim_proc_slot *self_locked(struct sim_state *s)
+{
+    if (self_slot >= 0 && self_pid == (uint32_t)getpid())
+        return &s->procs[self_slot];
+    self_pid = (uint32_t)getpid();
+    char letter;
+    if (proc_stat(self_pid, &self_start, &letter) < 0)
+        self_start = 0;
+    self_pidns = pidns_inode();
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < SIM_MAX_PROCS; i++) {
+            struct sim_proc_slot *p = &s->procs[i];
+            if (p->live)
+                continue;
+            p->pid = self_pid;
+            p->start_time = self_start;
+            p->pidns = self_pidns;
+            atomic_store(&p->heartbeat_ns, sim_now_ns());
+            for (int d = 0; d < SIM_MAX_DEVICES; d++) {
+                atomic_store(&p->used[d], 0);
+                atomic_store(&p->contexts[d], 0);
+            }
+            p->live = 1;
+            self_slot = i;
+            if (!heartbeat_started) {
+                pthread_t t;
+                pthread_attr_t attr;
+                pthread_attr_init(&attr);
+                pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+                pthread_attr_setstacksize(&attr, 64 * 1024);
+                if (pthread_create(&t, &attr, heartbeat, p) == 0)
+                    heartbeat_started = 1;
+                pthread_attr_destroy(&attr);
+            }
+            return p;
+        }
+        sweep_locked(s);
+    }
+    return NULL;
+}
+
+static uint64_t sum_used_locked(struct sim_state *s, int dev)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < SIM_MAX_PROCS; i++)
+        if (s->procs[i].live)
+            total += atomic_load(&s->procs[i].used[dev]);
+    return total;
+}
+
+int sim_charge(int dev, uint64_t bytes)
+{
+    struct sim_state *s = sim_state();
+    if (!s)
+        return -1;
+    state_lock(s);
+    struct sim_proc_slot *me = self_locked(s);
+    int rc = -1;
+    if (me) {
+        uint64_t used = sum_used_locked(s, dev);
+        if (used + bytes > s->memory_bytes) {
+            sweep_locked(s);
+            used = sum_used_locked(s, dev);
+        }
+        if (used + bytes <= s->memory_bytes) {
+            atomic_fetch_add(&me->used[dev], bytes);
+            rc = 0;
+        }
+    }
+    state_unlock(s);
+    return rc;
+}
+
+void sim_uncharge(int dev, uint64_t bytes)
+{
+    struct sim_state *s = sim_state();
+    if (!s || self_slot < 0 || self_pid != (uint32_t)getpid())
+        return;
+    _Atomic uint64_t *used = &s->procs[self_slot].used[dev];
+    uint64_t cur = atomic_load(used);
+    while (!atomic_compare_exchange_weak(used, &cur, cur > bytes ? cur - bytes : 0))
+        ;
+}
+
+void sim_context_count(int dev, int delta)
+{
+    struct sim_state *s = sim_state();
+    if (!s)
+        return;
+    state_lock(s);
+    struct sim_proc_slot *me = self_locked(s);
+    if (me) {
+        uint32_t cur = atomic_load(&me->contexts[dev]);
+        atomic_store(&me->contexts[dev], delta < 0 && cur == 0 ? 0 : cur + (uint32_t)delta);
+    }
+    state_unlock(s);
+}
+
+uint64_t sim_device_used(int dev)
+{
+    struct sim_state *s = sim_state();
+    if (!s)
+        return 0;
+    state_lock(s);
+    sweep_locked(s);
+    uint64_t used = sum_used_locked(s, dev);
+    state_unlock(s);
+    return used;
+}
+
+unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
+{
+    struct sim_state *s = sim_state();
+    if (!s)
+        return 0;
+    unsigned n = 0;
+    state_lock(s);
+    sweep_locked(s);
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        struct sim_proc_slot *p = &s->procs[i];
+        uint64_t used = atomic_load(&p->used[dev]);
+        if (!p->live || (used == 0 && atomic_load(&p->contexts[dev]) == 0))
+            continue;
+        if (n < max)
+            out[n] = (struct sim_proc_usage){p->pid, used};
+        n++;
+    }
+    state_unlock(s);
+    return n;
+}
+
+uint64_t sim_book_kernel(int dev, uint64_t dur_ns)
+{
+    struct sim_state *s = sim_state();
+    if (!s)
+        return sim_now_ns();
+    struct sim_device_state *d = &s->dev[dev];
+    uint64_t now = sim_now_ns(), cur = atomic_load(&d->busy_until_ns), start;
+    do {
+        start = cur > now ? cur : now;
+    } while (!atomic_compare_exchange_weak(&d->busy_until_ns, &cur, start + dur_ns));
+    uint64_t pos = atomic_fetch_add(&d->ring_head, 1);
+    struct sim_interval *e = &d->ring[pos % SIM_RING];
+    atomic_store(&e->seq, 0);
+    e->start_ns = start;
+    e->end_ns = start + dur_ns;
+    e->pid = (uint32_t)getpid();
+    e->slot = (uint32_t)self_slot;
+    atomic_store(&e->seq, pos + 1);
+    return start;
+}
+
+/* Calls fn for every completely written interval overlapping [from, to]. */
+static void each_interval(int dev, uint64_t from, uint64_t to,
+                          void (*fn)(const struct sim_interval *, uint64_t, uint64_t, void *), void *arg)
+{
+    struct sim_state *s = sim_state();
+    if (!s)
+        return;
+    struct sim_device_state *d = &s->dev[dev];
+    uint64_t head = atomic_load(&d->ring_head);
+    uint64_t n = head < SIM_RING ? head : SIM_RING;
+    for (uint64_t k = 0; k < n; k++) {
+        struct sim_interval *e = &d->ring[(head - 1 - k) % SIM_RING];
+        uint64_t seq = atomic_load(&e->seq);
+        struct sim_interval copy = {.start_ns = e->start_ns, .end_ns = e->end_ns, .pid = e->pid, .slot = e->slot};
+        if (seq == 0 || atomic_load(&e->seq) != seq)
+            continue;
+        uint64_t a = copy.start_ns > from ? copy.start_ns : from;
+        uint64_t b = copy.end_ns < to ? copy.end_ns : to;
+        if (b > a)
+            fn(&copy, a, b, arg);
+    }
+}
+
+struct busy_sum { uint32_t pid; uint64_t ns; };
+
+static void add_busy(const struct sim_interval *e, uint64_t a, uint64_t b, void *arg)
+{
+    struct busy_sum *sum = arg;
+    if (!sum->pid || sum->pid == e->pid)
+        sum->ns += b - a;
+}
+
+uint64_t sim_busy_ns(int dev, uint32_t pid, uint64_t from, uint64_t to)
+{
+    struct busy_sum sum = {pid, 0};
+    each_interval(dev, from, to, add_busy, &sum);
+    return sum.ns;
+}
+
+struct pid_list { uint32_t *pids; uint64_t *last_end; unsigned n, max; };
+
+static void add_pid(const struct sim_interval *e, uint64_t a, uint64_t b, void *arg)
+{
+    (void)a;
+    struct pid_list *l = arg;
+    for (unsigned i = 0; i < l->n; i++) {
+        if (l->pids[i] == e->pid) {
+            if (b > l->last_end[i])
+                l->last_end[i] = b;
+            return;
+        }
+    }
+    if (l->n < l->max) {
+        l->pids[l->n] = e->pid;
+        l->last_end[l->n] = b;
+        l->n++;
+    }
+}
+
+unsigned sim_busy_pids(int dev, uint64_t from, uint64_t to, uint32_t *pids, uint64_t *last_end, unsigned max)
+{
+    struct pid_list l = {pids, last_end, 0, max};
+    each_interval(dev, from, to, add_pid, &l);
+    return l.n;
+}
+
+/* A process that exits normally gives its memory back at once. */
+__attribute__((destructor)) static void release_self(void)
+{
+    struct sim_state *s = state;
+    if (!s || self_slot < 0 || self_pid != (uint32_t)getpid())
+        return;
+    state_lock(s);
+    struct sim_proc_slot *p = &s->procs[self_slot];
+    for (int d = 0; d < SIM_MAX_DEVICES; d++) {
+        atomic_store(&p->used[d], 0);
+        atomic_store(&p->contexts[d], 0);
+    }
+    p->live = 0;
+    self_slot = -1;
+    state_unlock(s);
+}
