@@ -3,6 +3,7 @@
 #define HAMI_INTERNAL_H
 
 #include "cuda_api.h"
+#include "nvml_api.h"
 #include "region.h"
 
 #define HAMI_EXPORT __attribute__((visibility("default")))
@@ -16,5 +17,66 @@ void *hami_driver_symbol(const char *name);
 struct hami_region *hami_region_get(void);
 struct hami_proc_slot *hami_region_self(void);
 int hami_region_device_index(CUdevice dev);
+/* The driver's UUID of `dev` as "GPU-xxxxxxxx-xxxx-..."; 0, or -1 when the driver cannot tell. */
+int hami_cuda_uuid(CUdevice dev, char *out, size_t len);
+/* Same for an NVML handle. */
+int hami_region_nvml_index(nvmlDevice_t dev);
+/* Frees the slots of processes that are gone; returns how many. */
+int hami_region_reclaim_dead(void);
+/* True when `pid` is one of the container's live processes (its slot pid or host pid). */
+int hami_region_has_pid(unsigned int pid);
+
+/* config.c: the environment, parsed once at load (never on a hot path). */
+struct hami_config {
+    uint64_t mem_limit[HAMI_MAX_DEVICES];   /* bytes, 0 = none */
+    uint32_t sm_limit[HAMI_MAX_DEVICES];    /* percent, 0 = none */
+    uint32_t core_policy;                   /* HAMI_POLICY_* */
+    int32_t priority;                       /* 0 high, 1 low */
+    const char *region_path;                /* CUDA_DEVICE_MEMORY_SHARED_CACHE or NULL */
+};
+extern struct hami_config hami_config;
+/* Runs once (constructor and every entry point): logging level, then the env. */
+void hami_init(void);
+void hami_config_load(void);
+/* Parses "<digits>[k|m|g]" (case-insensitive) into bytes; 0 on success, -1 on a bad value. */
+int hami_parse_size(const char *text, uint64_t *bytes);
+
+/* memory.c: the container's device-memory count (region slots). `dev` is a region index.
+ * hami_mem_charge returns 0 when charged, -1 when the limit refuses it. */
+int hami_mem_charge(int dev, uint64_t bytes);
+void hami_mem_charge_force(int dev, uint64_t bytes);
+void hami_mem_uncharge(int dev, uint64_t bytes);
+void hami_ctx_charged(int dev, int64_t delta);
+uint64_t hami_mem_limit(int dev);
+uint64_t hami_mem_container_used(int dev);
+
+/* tracked.c: what libvgpu charged, keyed by driver handle, thread-safe. */
+enum hami_res_kind {
+    HAMI_RES_MEM,      /* cuMemAlloc/Pitch/Managed pointer */
+    HAMI_RES_ASYNC,    /* stream-ordered pointer; its memory is charged on its pool */
+    HAMI_RES_VMM,      /* cuMemCreate handle */
+    HAMI_RES_ARRAY,    /* CUarray */
+    HAMI_RES_CTX,      /* cuCtxCreate context */
+};
+struct hami_res {
+    uint64_t key;
+    int kind;
+    int dev;           /* region index, -1 when not limited */
+    uint64_t bytes;    /* charged */
+    CUcontext ctx;     /* owning context (freed with it), NULL when none */
+    void *aux;         /* ASYNC: its pool */
+};
+void hami_res_put(const struct hami_res *res);
+/* Removes the entry and copies it to `out`; 0 when found, -1 when untracked. */
+int hami_res_take(int kind, uint64_t key, struct hami_res *out);
+/* Removes every entry owned by `ctx`, calling `fn` for each. */
+void hami_res_take_ctx(CUcontext ctx, void (*fn)(const struct hami_res *res));
+
+/* cuda_memory.c: gives back what a destroyed context held; settles every pool's charge. */
+void hami_mem_release_ctx(CUcontext ctx);
+void hami_pools_settle_all(void);
+
+/* cuda_context.c: the region index of the current context's device (-1 if none). */
+int hami_current_device_index(CUdevice *dev_out);
 
 #endif

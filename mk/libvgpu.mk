@@ -1,1 +1,10 @@
-# libvgpu.so: owned by the libvgpu part (placeholder until it lands).
+# libvgpu.so: the in-container vCUDA library, and the C programs its tests drive.
+LIBVGPU_SRC := $(wildcard libvgpu_src/*.c)
+LIBVGPU_HDR := $(wildcard libvgpu_src/*.h)
+# -Bsymbolic-functions: our own references (the hook table) bind to our hooks,
+# whatever the global lookup order; -z defs: nothing left undefined.
+LIBVGPU_LDFLAGS := -shared -Wl,-Bsymbolic-functions -Wl,-z,defs -Wl,--as-needed
+
+$(BUILD)/libvgpu.so: $(LIBVGPU_SRC) $(LIBVGPU_HDR) mk/libvgpu.mk
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) -fvisibility=hidden $(LIBVGPU_LDFLAGS) -o $@ $(LIBVGPU_SRC) -ldl -lpthread

@@ -1,0 +1,141 @@
+/* The environment, read once when the library loads. A bad value is reported in
+ * one line and ignored (as if unset), so a typo never crashes a program. */
+#include "internal.h"
+#include "log.h"
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+struct hami_config hami_config = {.priority = 1};
+
+int hami_parse_size(const char *text, uint64_t *bytes)
+{
+    if (!text || !isdigit((unsigned char)text[0]))
+        return -1;
+    uint64_t value = 0;
+    const char *p = text;
+    for (; isdigit((unsigned char)*p); p++) {
+        uint64_t digit = (uint64_t)(*p - '0');
+        if (value > (UINT64_MAX - digit) / 10)
+            return -1;
+        value = value * 10 + digit;
+    }
+    unsigned shift = 0;
+    switch (tolower((unsigned char)*p)) {
+    case '\0': break;
+    case 'k': shift = 10; p++; break;
+    case 'm': shift = 20; p++; break;
+    case 'g': shift = 30; p++; break;
+    default: return -1;
+    }
+    if (*p)
+        return -1;
+    if (shift && value > (UINT64_MAX >> shift))
+        return -1;
+    *bytes = value << shift;
+    return 0;
+}
+
+static int parse_percent(const char *text, uint32_t *percent)
+{
+    char *end = NULL;
+    if (!text || !isdigit((unsigned char)text[0]))
+        return -1;
+    unsigned long value = strtoul(text, &end, 10);
+    if (*end || value > 100)
+        return -1;
+    *percent = (uint32_t)value;
+    return 0;
+}
+
+static void load_mem_limit(const char *name, uint64_t *out)
+{
+    const char *text = getenv(name);
+    if (!text || !*text)
+        return;
+    uint64_t bytes;
+    if (hami_parse_size(text, &bytes) < 0) {
+        hami_error("%s=%s is not a size (bytes or k/m/g suffix); ignored, no memory limit from it",
+                   name, text);
+        return;
+    }
+    *out = bytes;
+}
+
+static void load_sm_limit(const char *name, uint32_t *out)
+{
+    const char *text = getenv(name);
+    if (!text || !*text)
+        return;
+    uint32_t percent;
+    if (parse_percent(text, &percent) < 0) {
+        hami_error("%s=%s is not a percentage 0..100; ignored, no SM limit from it", name, text);
+        return;
+    }
+    *out = percent;
+}
+
+void hami_config_load(void)
+{
+    struct hami_config *cfg = &hami_config;
+    uint64_t all_mem = 0;
+    uint32_t all_sm = 0;
+    load_mem_limit("CUDA_DEVICE_MEMORY_LIMIT", &all_mem);
+    load_sm_limit("CUDA_DEVICE_SM_LIMIT", &all_sm);
+    for (int i = 0; i < HAMI_MAX_DEVICES; i++) {
+        char name[64];
+        cfg->mem_limit[i] = all_mem;
+        snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
+        load_mem_limit(name, &cfg->mem_limit[i]);
+        cfg->sm_limit[i] = all_sm;
+        snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
+        load_sm_limit(name, &cfg->sm_limit[i]);
+    }
+
+    const char *policy = getenv("GPU_CORE_UTILIZATION_POLICY");
+    if (policy && *policy) {
+        if (!strcasecmp(policy, "default"))
+            cfg->core_policy = HAMI_POLICY_DEFAULT;
+        else if (!strcasecmp(policy, "force"))
+            cfg->core_policy = HAMI_POLICY_FORCE;
+        else if (!strcasecmp(policy, "disable"))
+            cfg->core_policy = HAMI_POLICY_DISABLE;
+        else
+            hami_error("GPU_CORE_UTILIZATION_POLICY=%s is not default, force or disable; "
+                       "using default", policy);
+    }
+
+    const char *priority = getenv("CUDA_TASK_PRIORITY");
+    if (priority && *priority) {
+        if (!strcmp(priority, "0") || !strcmp(priority, "1"))
+            cfg->priority = priority[0] - '0';
+        else
+            hami_error("CUDA_TASK_PRIORITY=%s is not 0 or 1; using 1 (low)", priority);
+    }
+
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    cfg->region_path = (path && *path) ? strdup(path) : NULL;
+}
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void init_once_body(void)
+{
+    hami_log_init();
+    hami_config_load();
+}
+
+void hami_init(void)
+{
+    pthread_once(&init_once, init_once_body);
+}
+
+/* Env only: no driver, no region, no file is touched until a CUDA or NVML call. */
+__attribute__((constructor)) static void hami_constructor(void)
+{
+    hami_init();
+}

@@ -1,0 +1,584 @@
+/* Device-memory hooks: every path that takes device memory is charged before the
+ * driver is asked (so the check is atomic across the container), settled to what
+ * the driver really took, and given back on free. Untracked handles go to the
+ * driver unchanged. Also the virtualised views (cuMemGetInfo, cuDeviceTotalMem). */
+#include "internal.h"
+#include "hooks.h"
+#include "log.h"
+
+#include <pthread.h>
+
+/* The driver hands out device memory in whole 2 MiB pages; charging the same keeps
+ * what the host sees for the container within the limit. */
+#define PAGE (2ull << 20)
+#define PITCH_ALIGN 512ull
+
+static uint64_t pages(uint64_t bytes)
+{
+    return bytes > UINT64_MAX - PAGE ? UINT64_MAX : (bytes + PAGE - 1) / PAGE * PAGE;
+}
+
+static int current_index(CUcontext *ctx)
+{
+    int index = hami_current_device_index(NULL);
+    CUresult (*get_ctx)(CUcontext *) = HAMI_DRIVER(cuCtxGetCurrent);
+    *ctx = NULL;
+    if (index >= 0 && get_ctx)
+        get_ctx(ctx);
+    return index;
+}
+
+static void track(int kind, uint64_t key, int index, uint64_t bytes, CUcontext ctx, void *aux)
+{
+    struct hami_res res = {.key = key, .kind = kind, .dev = index, .bytes = bytes, .ctx = ctx,
+                           .aux = aux};
+    hami_res_put(&res);
+}
+
+static void give_back(const struct hami_res *res)
+{
+    if (res->kind != HAMI_RES_ASYNC && res->kind != HAMI_RES_CTX)
+        hami_mem_uncharge(res->dev, res->bytes);
+}
+
+void hami_mem_release_ctx(CUcontext ctx)
+{
+    hami_res_take_ctx(ctx, give_back);
+}
+
+/* ---- plain, managed, pitch ---- */
+
+#define REAL_OR_FAIL(var, name)                                  \
+    __typeof__(&name) var = HAMI_REAL(name);                     \
+    if (!var)                                                    \
+        return CUDA_ERROR_NOT_INITIALIZED
+
+HAMI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    REAL_OR_FAIL(real, cuMemAlloc_v2);
+    CUcontext ctx;
+    int index = current_index(&ctx);
+    if (index < 0 || !dptr || bytesize == 0)
+        return real(dptr, bytesize);
+    uint64_t charge = pages(bytesize);
+    if (hami_mem_charge(index, charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real(dptr, bytesize);
+    if (rc == CUDA_SUCCESS)
+        track(HAMI_RES_MEM, *dptr, index, charge, ctx, NULL);
+    else
+        hami_mem_uncharge(index, charge);
+    return rc;
+}
+
+HAMI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    REAL_OR_FAIL(real, cuMemAllocManaged);
+    CUcontext ctx;
+    int index = current_index(&ctx);
+    if (index < 0 || !dptr || bytesize == 0)
+        return real(dptr, bytesize, flags);
+    uint64_t charge = pages(bytesize);
+    if (hami_mem_charge(index, charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real(dptr, bytesize, flags);
+    if (rc == CUDA_SUCCESS)
+        track(HAMI_RES_MEM, *dptr, index, charge, ctx, NULL);
+    else
+        hami_mem_uncharge(index, charge);
+    return rc;
+}
+
+HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                        size_t Height, unsigned int ElementSizeBytes)
+{
+    REAL_OR_FAIL(real, cuMemAllocPitch_v2);
+    CUcontext ctx;
+    int index = current_index(&ctx);
+    uint64_t row = (WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    if (index < 0 || !dptr || !pPitch || WidthInBytes == 0 || Height == 0 ||
+        row < WidthInBytes)
+        return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (Height > UINT64_MAX / row)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t charge = pages(row * Height);
+    if (hami_mem_charge(index, charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (rc != CUDA_SUCCESS) {
+        hami_mem_uncharge(index, charge);
+        return rc;
+    }
+    /* Settle to the pitch the driver chose. */
+    uint64_t actual = pages((uint64_t)*pPitch * Height);
+    if (actual > charge && hami_mem_charge(index, actual - charge) < 0) {
+        __typeof__(&cuMemFree_v2) release = HAMI_REAL(cuMemFree_v2);
+        if (release)
+            release(*dptr);
+        hami_mem_uncharge(index, charge);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < charge)
+        hami_mem_uncharge(index, charge - actual);
+    track(HAMI_RES_MEM, *dptr, index, actual, ctx, NULL);
+    return rc;
+}
+
+/* ---- stream-ordered pools: the pool's reservation is what is charged ---- */
+
+#define MAX_POOLS 256
+
+struct pool_rec {
+    CUmemoryPool pool;
+    int index;
+    uint64_t charged;      /* the reservation last seen */
+    pthread_mutex_t lock;
+};
+
+static struct pool_rec pools[MAX_POOLS];
+static int pool_count;
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct pool_rec *pool_find(CUmemoryPool pool, int index, int create)
+{
+    struct pool_rec *rec = NULL;
+    pthread_mutex_lock(&pools_lock);
+    for (int i = 0; i < pool_count; i++)
+        if (pools[i].pool == pool)
+            rec = &pools[i];
+    if (!rec && create) {
+        for (int i = 0; i < pool_count && !rec; i++)
+            if (!pools[i].pool)
+                rec = &pools[i];
+        if (!rec && pool_count < MAX_POOLS)
+            rec = &pools[pool_count++];
+        if (rec) {
+            rec->pool = pool;
+            rec->index = index;
+            rec->charged = 0;
+            pthread_mutex_init(&rec->lock, NULL);
+        } else {
+            hami_error("more than %d memory pools; pool %p is not limited", MAX_POOLS, (void *)pool);
+        }
+    }
+    pthread_mutex_unlock(&pools_lock);
+    return rec;
+}
+
+static int pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, uint64_t *value)
+{
+    CUresult (*get)(CUmemoryPool, CUmemPool_attribute, void *) = HAMI_DRIVER(cuMemPoolGetAttribute);
+    cuuint64_t v = 0;
+    if (!get || get(pool, attr, &v) != CUDA_SUCCESS)
+        return -1;
+    *value = v;
+    return 0;
+}
+
+/* Brings the charge to the pool's current reservation (rec locked). Growth we did
+ * not cause cannot be refused after the fact, so it is charged as it is. */
+static void pool_settle(struct pool_rec *rec)
+{
+    uint64_t reserved;
+    if (pool_attr(rec->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) < 0)
+        return;
+    if (reserved > rec->charged)
+        hami_mem_charge_force(rec->index, reserved - rec->charged);
+    else
+        hami_mem_uncharge(rec->index, rec->charged - reserved);
+    rec->charged = reserved;
+}
+
+void hami_pools_settle_all(void)
+{
+    pthread_mutex_lock(&pools_lock);
+    int count = pool_count;
+    pthread_mutex_unlock(&pools_lock);
+    for (int i = 0; i < count; i++) {
+        struct pool_rec *rec = &pools[i];
+        /* A pool busy in this thread (a charge inside pool_alloc) is skipped. */
+        if (rec->pool && pthread_mutex_trylock(&rec->lock) == 0) {
+            if (rec->pool)
+                pool_settle(rec);
+            pthread_mutex_unlock(&rec->lock);
+        }
+    }
+}
+
+enum async_call { ASYNC_CURRENT, ASYNC_CURRENT_PTSZ, ASYNC_POOL, ASYNC_POOL_PTSZ };
+
+static CUresult call_async(enum async_call which, CUdeviceptr *dptr, size_t bytes,
+                           CUmemoryPool pool, CUstream stream)
+{
+    void *fn = NULL;
+    switch (which) {
+    case ASYNC_CURRENT: fn = HAMI_REAL(cuMemAllocAsync); break;
+    case ASYNC_CURRENT_PTSZ: fn = HAMI_REAL(cuMemAllocAsync_ptsz); break;
+    case ASYNC_POOL: fn = HAMI_REAL(cuMemAllocFromPoolAsync); break;
+    case ASYNC_POOL_PTSZ: fn = HAMI_REAL(cuMemAllocFromPoolAsync_ptsz); break;
+    }
+    if (!fn)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (which == ASYNC_CURRENT || which == ASYNC_CURRENT_PTSZ)
+        return ((__typeof__(&cuMemAllocAsync))fn)(dptr, bytes, stream);
+    return ((__typeof__(&cuMemAllocFromPoolAsync))fn)(dptr, bytes, pool, stream);
+}
+
+static void free_async_now(CUdeviceptr ptr, CUstream stream, struct pool_rec *rec)
+{
+    __typeof__(&cuMemFreeAsync) free_async = HAMI_REAL(cuMemFreeAsync);
+    CUresult (*sync)(CUstream) = HAMI_DRIVER(cuStreamSynchronize);
+    CUresult (*trim)(CUmemoryPool, size_t) = HAMI_DRIVER(cuMemPoolTrimTo);
+    uint64_t used = 0;
+    if (free_async)
+        free_async(ptr, stream);
+    if (sync)
+        sync(stream);
+    if (trim && pool_attr(rec->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == 0)
+        trim(rec->pool, used);
+}
+
+/* Charge what the pool may have to grow by, up front (atomic check), then settle to
+ * the reservation the driver really made. */
+static CUresult pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t bytes,
+                           CUmemoryPool pool, CUstream stream, int index)
+{
+    struct pool_rec *rec = pool_find(pool, index, 1);
+    if (!rec || !dptr || bytes == 0)
+        return call_async(which, dptr, bytes, pool, stream);
+    pthread_mutex_lock(&rec->lock);
+    pool_settle(rec);
+    uint64_t used = 0;
+    pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    uint64_t spare = rec->charged > used ? rec->charged - used : 0;
+    uint64_t upfront = bytes > spare ? pages(bytes) : 0;
+    if (hami_mem_charge(rec->index, upfront) < 0) {
+        pthread_mutex_unlock(&rec->lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    rec->charged += upfront;
+    CUresult rc = call_async(which, dptr, bytes, pool, stream);
+    uint64_t reserved;
+    if (pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) < 0)
+        reserved = rec->charged;
+    if (reserved > rec->charged) {
+        if (hami_mem_charge(rec->index, reserved - rec->charged) < 0 && rc == CUDA_SUCCESS) {
+            free_async_now(*dptr, stream, rec);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+            pool_settle(rec);
+            pthread_mutex_unlock(&rec->lock);
+            return rc;
+        }
+        rec->charged = reserved;
+    } else {
+        hami_mem_uncharge(rec->index, rec->charged - reserved);
+        rec->charged = reserved;
+    }
+    if (rc == CUDA_SUCCESS)
+        track(HAMI_RES_ASYNC, *dptr, rec->index, 0, NULL, pool);
+    pthread_mutex_unlock(&rec->lock);
+    return rc;
+}
+
+static CUresult current_pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t bytes,
+                                   CUstream stream)
+{
+    CUdevice dev;
+    int index = hami_current_device_index(&dev);
+    CUmemoryPool pool = NULL;
+    CUresult (*get_pool)(CUmemoryPool *, CUdevice) = HAMI_DRIVER(cuDeviceGetMemPool);
+    if (!get_pool)
+        get_pool = HAMI_DRIVER(cuDeviceGetDefaultMemPool);
+    if (index < 0 || !get_pool || get_pool(&pool, dev) != CUDA_SUCCESS || !pool)
+        return call_async(which, dptr, bytes, NULL, stream);
+    return pool_alloc(which, dptr, bytes, pool, stream, index);
+}
+
+static CUresult from_pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t bytes,
+                                CUmemoryPool pool, CUstream stream)
+{
+    struct pool_rec *known = pool_find(pool, -1, 0);
+    int index = known ? known->index : hami_current_device_index(NULL);
+    if (index < 0 || !pool)
+        return call_async(which, dptr, bytes, pool, stream);
+    return pool_alloc(which, dptr, bytes, pool, stream, index);
+}
+
+HAMI_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return current_pool_alloc(ASYNC_CURRENT, dptr, bytesize, hStream);
+}
+
+HAMI_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return current_pool_alloc(ASYNC_CURRENT_PTSZ, dptr, bytesize, hStream);
+}
+
+HAMI_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                             CUstream hStream)
+{
+    return from_pool_alloc(ASYNC_POOL, dptr, bytesize, pool, hStream);
+}
+
+HAMI_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                                  CUmemoryPool pool, CUstream hStream)
+{
+    return from_pool_alloc(ASYNC_POOL_PTSZ, dptr, bytesize, pool, hStream);
+}
+
+static void settle_pool_of(void *pool)
+{
+    struct pool_rec *rec = pool_find(pool, -1, 0);
+    if (rec) {
+        pthread_mutex_lock(&rec->lock);
+        if (rec->pool == pool)
+            pool_settle(rec);
+        pthread_mutex_unlock(&rec->lock);
+    }
+}
+
+/* Frees a pointer through `release` and gives back what it held; untracked
+ * pointers go to the driver unchanged. */
+static CUresult free_tracked(CUdeviceptr dptr, CUresult (*release)(CUdeviceptr, void *), void *arg)
+{
+    struct hami_res res;
+    int kind = HAMI_RES_MEM;
+    if (hami_res_take(HAMI_RES_MEM, dptr, &res) < 0) {
+        kind = HAMI_RES_ASYNC;
+        if (hami_res_take(HAMI_RES_ASYNC, dptr, &res) < 0)
+            return release(dptr, arg);
+    }
+    CUresult rc = release(dptr, arg);
+    if (rc != CUDA_SUCCESS) {
+        hami_res_put(&res);
+        return rc;
+    }
+    if (kind == HAMI_RES_MEM)
+        hami_mem_uncharge(res.dev, res.bytes);
+    else
+        settle_pool_of(res.aux);
+    return rc;
+}
+
+static CUresult release_sync(CUdeviceptr dptr, void *arg)
+{
+    (void)arg;
+    __typeof__(&cuMemFree_v2) real = HAMI_REAL(cuMemFree_v2);
+    return real ? real(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+struct async_free {
+    CUstream stream;
+    int ptsz;
+};
+
+static CUresult release_async(CUdeviceptr dptr, void *arg)
+{
+    struct async_free *a = arg;
+    __typeof__(&cuMemFreeAsync) real =
+        a->ptsz ? HAMI_REAL(cuMemFreeAsync_ptsz) : HAMI_REAL(cuMemFreeAsync);
+    return real ? real(dptr, a->stream) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    return free_tracked(dptr, release_sync, NULL);
+}
+
+HAMI_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    struct async_free a = {hStream, 0};
+    return free_tracked(dptr, release_async, &a);
+}
+
+HAMI_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    struct async_free a = {hStream, 1};
+    return free_tracked(dptr, release_async, &a);
+}
+
+HAMI_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    REAL_OR_FAIL(real, cuMemPoolCreate);
+    CUresult rc = real(pool, poolProps);
+    if (rc == CUDA_SUCCESS && pool && poolProps &&
+        poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        int index = hami_region_device_index(poolProps->location.id);
+        if (index >= 0)
+            pool_find(*pool, index, 1);
+    }
+    return rc;
+}
+
+HAMI_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    REAL_OR_FAIL(real, cuMemPoolTrimTo);
+    CUresult rc = real(pool, minBytesToKeep);
+    if (rc == CUDA_SUCCESS)
+        settle_pool_of(pool);
+    return rc;
+}
+
+HAMI_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    REAL_OR_FAIL(real, cuMemPoolDestroy);
+    CUresult rc = real(pool);
+    struct pool_rec *rec = rc == CUDA_SUCCESS ? pool_find(pool, -1, 0) : NULL;
+    if (rec) {
+        pthread_mutex_lock(&rec->lock);
+        hami_mem_uncharge(rec->index, rec->charged);
+        rec->charged = 0;
+        pthread_mutex_unlock(&rec->lock);
+        pthread_mutex_lock(&pools_lock);
+        rec->pool = NULL;
+        pthread_mutex_unlock(&pools_lock);
+    }
+    return rc;
+}
+
+/* ---- virtual memory management ---- */
+
+HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    REAL_OR_FAIL(real, cuMemCreate);
+    int index = -1;
+    if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        index = hami_region_device_index(prop->location.id);
+    if (index < 0 || !handle || size == 0)
+        return real(handle, size, prop, flags);
+    uint64_t charge = size;   /* a multiple of the granularity, or the driver refuses */
+    if (hami_mem_charge(index, charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real(handle, size, prop, flags);
+    if (rc == CUDA_SUCCESS)
+        track(HAMI_RES_VMM, *handle, index, charge, NULL, NULL);
+    else
+        hami_mem_uncharge(index, charge);
+    return rc;
+}
+
+HAMI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    REAL_OR_FAIL(real, cuMemRelease);
+    struct hami_res res;
+    if (hami_res_take(HAMI_RES_VMM, handle, &res) < 0)
+        return real(handle);
+    CUresult rc = real(handle);
+    if (rc == CUDA_SUCCESS)
+        hami_mem_uncharge(res.dev, res.bytes);
+    else
+        hami_res_put(&res);
+    return rc;
+}
+
+/* ---- arrays ---- */
+
+static uint64_t format_bytes(CUarray_format format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    default: return 4;
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format format, unsigned channels)
+{
+    uint64_t dims[5] = {w, h ? h : 1, d ? d : 1, channels ? channels : 1, format_bytes(format)};
+    uint64_t total = 1;
+    for (int i = 0; i < 5; i++) {
+        if (dims[i] && total > UINT64_MAX / dims[i])
+            return UINT64_MAX;
+        total *= dims[i];
+    }
+    return pages(total);
+}
+
+static CUresult array_charged(int index, uint64_t charge, CUresult rc, CUarray *pHandle,
+                              CUcontext ctx)
+{
+    if (rc == CUDA_SUCCESS)
+        track(HAMI_RES_ARRAY, (uint64_t)(uintptr_t)*pHandle, index, charge, ctx, NULL);
+    else
+        hami_mem_uncharge(index, charge);
+    return rc;
+}
+
+HAMI_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    REAL_OR_FAIL(real, cuArrayCreate_v2);
+    CUcontext ctx;
+    int index = current_index(&ctx);
+    if (index < 0 || !pHandle || !desc)
+        return real(pHandle, desc);
+    uint64_t charge = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+    if (hami_mem_charge(index, charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return array_charged(index, charge, real(pHandle, desc), pHandle, ctx);
+}
+
+HAMI_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    REAL_OR_FAIL(real, cuArray3DCreate_v2);
+    CUcontext ctx;
+    int index = current_index(&ctx);
+    if (index < 0 || !pHandle || !desc)
+        return real(pHandle, desc);
+    uint64_t charge =
+        array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    if (hami_mem_charge(index, charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return array_charged(index, charge, real(pHandle, desc), pHandle, ctx);
+}
+
+HAMI_EXPORT CUresult cuArrayDestroy(CUarray hArray)
+{
+    REAL_OR_FAIL(real, cuArrayDestroy);
+    struct hami_res res;
+    if (hami_res_take(HAMI_RES_ARRAY, (uint64_t)(uintptr_t)hArray, &res) < 0)
+        return real(hArray);
+    CUresult rc = real(hArray);
+    if (rc == CUDA_SUCCESS)
+        hami_mem_uncharge(res.dev, res.bytes);
+    else
+        hami_res_put(&res);
+    return rc;
+}
+
+/* ---- what the program sees ---- */
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    REAL_OR_FAIL(real, cuMemGetInfo_v2);
+    if (!free || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = real(free, total);
+    int index = rc == CUDA_SUCCESS ? hami_current_device_index(NULL) : -1;
+    uint64_t limit = hami_mem_limit(index);
+    if (!limit)
+        return rc;
+    hami_pools_settle_all();
+    uint64_t cap = min_u64(limit, *total);
+    uint64_t used = hami_mem_container_used(index);
+    *total = cap;
+    *free = min_u64(used < cap ? cap - used : 0, *free);
+    return rc;
+}
+
+HAMI_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    REAL_OR_FAIL(real, cuDeviceTotalMem_v2);
+    CUresult rc = real(bytes, dev);
+    if (rc == CUDA_SUCCESS && bytes) {
+        uint64_t limit = hami_mem_limit(hami_region_device_index(dev));
+        if (limit)
+            *bytes = min_u64(limit, *bytes);
+    }
+    return rc;
+}

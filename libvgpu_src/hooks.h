@@ -1,0 +1,83 @@
+/*
+ * Every symbol libvgpu interposes, in one list: X(name, library). The export
+ * table, the dlsym map and the cuGetProcAddress map (symbols.c) and the ids
+ * used to reach the real driver's entry points are all generated from it.
+ * Each listed name is defined once, with its real prototype, by a hook file.
+ */
+#ifndef HAMI_HOOKS_H
+#define HAMI_HOOKS_H
+
+#include "cuda_api.h"
+#include "nvml_api.h"
+
+#define HAMI_HOOKS(X) \
+    X(cuGetProcAddress, CUDA) \
+    X(cuGetProcAddress_v2, CUDA) \
+    X(cuDeviceTotalMem_v2, CUDA) \
+    X(cuDevicePrimaryCtxRetain, CUDA) \
+    X(cuDevicePrimaryCtxRelease, CUDA) \
+    X(cuDevicePrimaryCtxRelease_v2, CUDA) \
+    X(cuDevicePrimaryCtxReset, CUDA) \
+    X(cuDevicePrimaryCtxReset_v2, CUDA) \
+    X(cuCtxCreate_v2, CUDA) \
+    X(cuCtxCreate_v3, CUDA) \
+    X(cuCtxCreate_v4, CUDA) \
+    X(cuCtxDestroy_v2, CUDA) \
+    X(cuMemGetInfo_v2, CUDA) \
+    X(cuMemAlloc_v2, CUDA) \
+    X(cuMemAllocPitch_v2, CUDA) \
+    X(cuMemAllocManaged, CUDA) \
+    X(cuMemFree_v2, CUDA) \
+    X(cuMemAllocAsync, CUDA) \
+    X(cuMemAllocAsync_ptsz, CUDA) \
+    X(cuMemAllocFromPoolAsync, CUDA) \
+    X(cuMemAllocFromPoolAsync_ptsz, CUDA) \
+    X(cuMemFreeAsync, CUDA) \
+    X(cuMemFreeAsync_ptsz, CUDA) \
+    X(cuMemPoolCreate, CUDA) \
+    X(cuMemPoolTrimTo, CUDA) \
+    X(cuMemPoolDestroy, CUDA) \
+    X(cuMemCreate, CUDA) \
+    X(cuMemRelease, CUDA) \
+    X(cuArrayCreate_v2, CUDA) \
+    X(cuArray3DCreate_v2, CUDA) \
+    X(cuArrayDestroy, CUDA) \
+    X(cuLaunchKernel, CUDA) \
+    X(cuLaunchKernel_ptsz, CUDA) \
+    X(cuLaunchKernelEx, CUDA) \
+    X(cuLaunchKernelEx_ptsz, CUDA) \
+    X(cuLaunchCooperativeKernel, CUDA) \
+    X(cuLaunchCooperativeKernel_ptsz, CUDA) \
+    X(cuGraphLaunch, CUDA) \
+    X(cuGraphLaunch_ptsz, CUDA) \
+    X(nvmlDeviceGetMemoryInfo, NVML) \
+    X(nvmlDeviceGetMemoryInfo_v2, NVML) \
+    X(nvmlDeviceGetComputeRunningProcesses, NVML) \
+    X(nvmlDeviceGetComputeRunningProcesses_v2, NVML) \
+    X(nvmlDeviceGetComputeRunningProcesses_v3, NVML)
+
+enum hami_lib { HAMI_LIB_CUDA, HAMI_LIB_NVML, HAMI_LIB_COUNT };
+
+#define HAMI_HOOK_ID(name, lib) HAMI_HOOK_##name,
+enum hami_hook_id { HAMI_HOOKS(HAMI_HOOK_ID) HAMI_HOOK_COUNT };
+#undef HAMI_HOOK_ID
+
+/* symbols.c: the real entry point behind hook `id` (NULL when the driver lacks it). */
+void *hami_real(enum hami_hook_id id);
+
+/* The real driver's `name`, typed as our declaration of it, or NULL. */
+#define HAMI_REAL(name) ((__typeof__(&name))hami_real(HAMI_HOOK_##name))
+/* Same for driver calls libvgpu makes but does not hook (looked up once per call site). */
+#define HAMI_DRIVER(name)                                                          \
+    ({                                                                             \
+        static void *hami_cached_;                                                 \
+        void *hami_fn_ = __atomic_load_n(&hami_cached_, __ATOMIC_ACQUIRE);         \
+        if (!hami_fn_) {                                                           \
+            hami_fn_ = hami_driver_symbol(#name);                                  \
+            __atomic_store_n(&hami_cached_, hami_fn_ ? hami_fn_ : (void *)1,       \
+                             __ATOMIC_RELEASE);                                    \
+        }                                                                          \
+        (__typeof__(&name))(hami_fn_ == (void *)1 ? NULL : hami_fn_);              \
+    })
+
+#endif

@@ -1,0 +1,95 @@
+/* The container's device-memory count. Charge = add to the own slot, then sum all
+ * slots; over the limit = take it back and refuse (region.h). Sequentially
+ * consistent atomics: of two racing charges, at least one sees the other. */
+#include "internal.h"
+#include "log.h"
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+
+uint64_t hami_mem_limit(int dev)
+{
+    struct hami_region *r = hami_region_get();
+    if (!r || dev < 0 || dev >= HAMI_MAX_DEVICES)
+        return 0;
+    return LOAD(&r->devices[dev].mem_limit);
+}
+
+uint64_t hami_mem_container_used(int dev)
+{
+    struct hami_region *r = hami_region_get();
+    if (!r || dev < 0 || dev >= HAMI_MAX_DEVICES)
+        return 0;
+    uint64_t sum = 0;
+    for (int i = 0; i < HAMI_MAX_PROCS; i++)
+        sum += LOAD(&r->procs[i].mem_used[dev]);
+    return sum;
+}
+
+static int try_charge(struct hami_proc_slot *self, int dev, uint64_t bytes, uint64_t limit)
+{
+    __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
+    if (hami_mem_container_used(dev) <= limit)
+        return 0;
+    __atomic_fetch_sub(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
+    return -1;
+}
+
+int hami_mem_charge(int dev, uint64_t bytes)
+{
+    if (dev < 0 || dev >= HAMI_MAX_DEVICES || bytes == 0)
+        return 0;
+    struct hami_proc_slot *self = hami_region_self();
+    if (!self)
+        return 0;
+    uint64_t limit = hami_mem_limit(dev);
+    if (!limit) {
+        __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    if (bytes > limit)
+        return -1;
+    if (try_charge(self, dev, bytes, limit) == 0)
+        return 0;
+    /* Before refusing: give back what exited processes and released pool memory held. */
+    hami_region_reclaim_dead();
+    hami_pools_settle_all();
+    if (try_charge(self, dev, bytes, limit) == 0)
+        return 0;
+    hami_info("device %d: %llu bytes refused (limit %llu, in use %llu)", dev,
+              (unsigned long long)bytes, (unsigned long long)limit,
+              (unsigned long long)hami_mem_container_used(dev));
+    return -1;
+}
+
+void hami_mem_charge_force(int dev, uint64_t bytes)
+{
+    struct hami_proc_slot *self = hami_region_self();
+    if (self && dev >= 0 && dev < HAMI_MAX_DEVICES && bytes)
+        __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
+}
+
+static void sub_clamped(uint64_t *counter, uint64_t bytes)
+{
+    uint64_t cur = LOAD(counter);
+    while (!__atomic_compare_exchange_n(counter, &cur, cur > bytes ? cur - bytes : 0, 0,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        ;
+}
+
+void hami_mem_uncharge(int dev, uint64_t bytes)
+{
+    struct hami_proc_slot *self = hami_region_self();
+    if (self && dev >= 0 && dev < HAMI_MAX_DEVICES && bytes)
+        sub_clamped(&self->mem_used[dev], bytes);
+}
+
+void hami_ctx_charged(int dev, int64_t delta)
+{
+    struct hami_proc_slot *self = hami_region_self();
+    if (!self || dev < 0 || dev >= HAMI_MAX_DEVICES || !delta)
+        return;
+    if (delta > 0)
+        __atomic_fetch_add(&self->ctx_used[dev], (uint64_t)delta, __ATOMIC_SEQ_CST);
+    else
+        sub_clamped(&self->ctx_used[dev], (uint64_t)-delta);
+}
