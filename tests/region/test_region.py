@@ -1,5 +1,4 @@
 """hami_runtime.region: the Python side of the shared region, on plain files."""
-import mmap
 import os
 import subprocess
 import sys
@@ -9,32 +8,9 @@ import pytest
 from hami_runtime import region
 from hami_runtime.region import DeviceLimit, RegionError
 from tests.conftest import ROOT
+from tests.region.fakes import fake_process, patch_field
 
 MiB = 1024 * 1024
-
-
-def fake_process(path, slot, pid, usage, host_pid=0, owner=None):
-    """Fills a process slot as libvgpu would: usage is {device: (mem, ctx, busy_ns, launches)}."""
-    with open(path, "r+b") as f, mmap.mmap(f.fileno(), region.REGION_SIZE) as m:
-        c = region.ffi.from_buffer("struct hami_region *", m)
-        s = c.procs[slot]
-        s.owner = owner if owner is not None else (pid << 32) | 12345
-        s.pid = pid
-        s.host_pid = host_pid
-        s.started_ns = 1
-        for dev, (mem, ctx, busy, launches) in usage.items():
-            s.mem_used[dev] = mem
-            s.ctx_used[dev] = ctx
-            s.sm_busy_ns[dev] = busy
-            s.launches[dev] = launches
-        region.ffi.release(c)
-
-
-def patch_field(path, field, value):
-    with open(path, "r+b") as f, mmap.mmap(f.fileno(), region.REGION_SIZE) as m:
-        c = region.ffi.from_buffer("struct hami_region *", m)
-        setattr(c, field, value)
-        region.ffi.release(c)
 
 
 @pytest.mark.parametrize("devices,policy,priority", [

@@ -1,0 +1,93 @@
+"""`hamictl metrics --listen HOST:PORT`: Prometheus metrics read from the shared
+regions at scrape time (nothing is cached between scrapes)."""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Iterator, Optional, Tuple
+
+import click
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from . import top
+
+DEVICE_LABELS = ["container", "device", "uuid"]
+
+
+class RegionCollector:
+    """A custom collector: one pass over the regions per scrape."""
+
+    def __init__(self, state_dir: str):
+        self.state_dir = state_dir
+
+    def collect(self) -> Iterator:
+        used = GaugeMetricFamily("hami_container_memory_used_bytes",
+                                 "Device memory charged to the container", labels=DEVICE_LABELS)
+        limit = GaugeMetricFamily("hami_container_memory_limit_bytes",
+                                  "Device memory limit of the container (0: none)",
+                                  labels=DEVICE_LABELS)
+        sm_limit = GaugeMetricFamily("hami_container_sm_limit_percent",
+                                     "SM share of the container (0 or 100: none)",
+                                     labels=DEVICE_LABELS)
+        busy = CounterMetricFamily("hami_container_sm_busy_seconds",
+                                   "Kernel time measured for the container; its rate is the SM use",
+                                   labels=DEVICE_LABELS)
+        procs = GaugeMetricFamily("hami_container_processes",
+                                  "Processes of the container using the device",
+                                  labels=DEVICE_LABELS)
+        readable = GaugeMetricFamily("hami_container_region_readable",
+                                     "1 when the container's region could be read",
+                                     labels=["container"])
+        for c in top.read_all(self.state_dir):
+            readable.add_metric([c.id], 0 if c.error else 1)
+            for d in c.devices:
+                labels = [c.id, str(d.index), d.uuid]
+                used.add_metric(labels, d.mem_used_bytes)
+                limit.add_metric(labels, d.mem_limit_bytes)
+                sm_limit.add_metric(labels, d.sm_limit_pct)
+                busy.add_metric(labels, d.sm_busy_ns / 1e9)
+                procs.add_metric(labels, sum(1 for p in c.processes
+                                             if p.mem_used_bytes[d.index] or p.launches[d.index]))
+        yield from (used, limit, sm_limit, busy, procs, readable)
+
+
+def parse_listen(value: str) -> Tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen: {value!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def serve(state_dir: str, host: str, port: int):
+    """Starts the endpoint in a thread; returns (server, thread). server.server_address
+    has the bound port (port 0 picks a free one); server.shutdown() stops it."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RegionCollector(state_dir))
+    return start_http_server(port, addr=host, registry=registry)
+
+
+@click.command("metrics")
+@top.state_dir_option
+@click.option("--listen", default="127.0.0.1:9464", show_default=True, metavar="HOST:PORT",
+              help="address to serve /metrics on")
+def metrics_command(state_dir: Optional[str], listen: str):
+    """Serve Prometheus metrics of every GPU container until SIGTERM/SIGINT."""
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    state_dir = top.resolve_state_dir(state_dir)
+    try:
+        server, thread = serve(state_dir, host, port)
+    except OSError as exc:
+        raise click.ClickException(f"--listen: {listen}: {exc.strerror}") from None
+    bound_host, bound_port = server.server_address[:2]
+    click.echo(f"serving http://{bound_host}:{bound_port}/metrics (state dir {state_dir})",
+               err=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
+    thread.join(timeout=5)

@@ -1,0 +1,43 @@
+"""Writes region counters as libvgpu would, for tests that read them back."""
+import mmap
+from contextlib import contextmanager
+
+from hami_runtime import region
+
+
+@contextmanager
+def mapped(path):
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), region.REGION_SIZE) as m:
+        c = region.ffi.from_buffer("struct hami_region *", m)
+        try:
+            yield c
+        finally:
+            region.ffi.release(c)
+
+
+def fake_process(path, slot, pid, usage, host_pid=0, owner=None):
+    """usage: {device: (mem_used, ctx_used, sm_busy_ns, launches)}."""
+    with mapped(path) as c:
+        s = c.procs[slot]
+        s.owner = owner if owner is not None else (pid << 32) | 12345
+        s.pid = pid
+        s.host_pid = host_pid
+        s.started_ns = 1
+        for dev, (mem, ctx, busy, launches) in usage.items():
+            s.mem_used[dev] = mem
+            s.ctx_used[dev] = ctx
+            s.sm_busy_ns[dev] = busy
+            s.launches[dev] = launches
+
+
+def add_busy(path, device, ns, slot=None):
+    """Adds measured kernel time to the container (and to a process slot)."""
+    with mapped(path) as c:
+        c.sm[device].busy_ns += ns
+        if slot is not None:
+            c.procs[slot].sm_busy_ns[device] += ns
+
+
+def patch_field(path, name, value):
+    with mapped(path) as c:
+        setattr(c, name, value)
