@@ -1,0 +1,151 @@
+"""Choosing GPUs for a request. Pure: GPUs, current allocations and a request
+in, grants out (or a refusal naming the request)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, Iterable, List, Mapping
+
+from .errors import HamiError
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    minor: int
+
+
+@dataclass(frozen=True)
+class Grant:
+    index: int
+    uuid: str
+    mem_mib: int
+    cores: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    slots: int
+    mem_mib: int
+    cores: int = 100
+
+
+@dataclass
+class Usage:
+    slots: int = 0
+    mem_mib: int = 0
+    cores: int = 0
+
+
+def capacity(gpu: GpuInfo, split_count: int, memory_scaling: float) -> Capacity:
+    return Capacity(slots=split_count, mem_mib=int(gpu.memory_mib * memory_scaling))
+
+
+def usage(entries: Iterable[Mapping]) -> Dict[str, Usage]:
+    """Per GPU UUID: what the given allocation entries hold."""
+    used: Dict[str, Usage] = {}
+    for entry in entries:
+        for device in entry.get("devices", ()):
+            u = used.setdefault(device["uuid"], Usage())
+            u.slots += 1
+            u.mem_mib += int(device["mem_mib"])
+            u.cores += int(device["cores"])
+    return used
+
+
+def _wanted(request, cap: Capacity, default_memory_mib: int) -> int:
+    if request.mem_mib is not None:
+        return request.mem_mib
+    if request.mem_percentage is not None:
+        return max(1, cap.mem_mib * request.mem_percentage // 100)
+    if default_memory_mib:
+        return min(default_memory_mib, cap.mem_mib)
+    return cap.mem_mib
+
+
+def _matches(request, gpu: GpuInfo) -> bool:
+    model = gpu.model.lower()
+    if request.use_uuids and gpu.uuid not in request.use_uuids:
+        return False
+    if gpu.uuid in request.avoid_uuids:
+        return False
+    if request.use_indices and gpu.index not in request.use_indices:
+        return False
+    if request.use_types and not any(t in model for t in request.use_types):
+        return False
+    if any(t in model for t in request.avoid_types):
+        return False
+    return True
+
+
+def _room(cap: Capacity, used: Usage, mem_mib: int, cores: int) -> str:
+    """'' when the GPU fits the slice, else why not."""
+    if used.slots + 1 > cap.slots:
+        return f"{used.slots}/{cap.slots} slots used"
+    if used.mem_mib + mem_mib > cap.mem_mib:
+        return f"{cap.mem_mib - used.mem_mib} of {cap.mem_mib} MiB free, {mem_mib} asked"
+    if used.cores + cores > cap.cores:
+        return f"{cap.cores - used.cores}% of cores free, {cores}% asked"
+    return ""
+
+
+def allocate(request, gpus: List[GpuInfo], entries: Iterable[Mapping], *, split_count: int,
+             memory_scaling: float, default_memory_mib: int = 0, default_cores: int = 0,
+             policy: str = "binpack") -> List[Grant]:
+    used = usage(entries)
+    by_uuid = {g.uuid: g for g in gpus}
+    caps = {g.uuid: capacity(g, split_count, memory_scaling) for g in gpus}
+
+    if request.assigned:
+        grants = []
+        for device in request.assigned:
+            gpu = by_uuid.get(device.uuid)
+            if gpu is None:
+                raise HamiError("hami.io/vgpu-devices-allocated", device.uuid,
+                                "no GPU with this UUID on this node")
+            why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), device.mem_mib, device.cores)
+            if why:
+                raise HamiError("hami.io/vgpu-devices-allocated", device.uuid, f"GPU full: {why}")
+            grants.append(Grant(gpu.index, gpu.uuid, device.mem_mib, device.cores))
+        return grants
+
+    for uuid in request.use_uuids:
+        if uuid not in by_uuid:
+            key = "NVIDIA_VISIBLE_DEVICES" if request.source == "env" else "hami.io/gpu-uuid"
+            raise HamiError(key, uuid, "no GPU with this UUID on this node")
+    for index in request.use_indices:
+        if index not in {g.index for g in gpus}:
+            raise HamiError("NVIDIA_VISIBLE_DEVICES", str(index), "no GPU with this index on this node")
+
+    count = request.count if request.count is not None else len(gpus)
+    cores = request.cores if request.cores is not None else default_cores
+    candidates = [g for g in gpus if _matches(request, g)]
+    if not candidates:
+        raise HamiError("request", request.describe(), "no GPU on this node matches its filters")
+    fitting, reasons = [], []
+    for gpu in candidates:
+        mem = _wanted(request, caps[gpu.uuid], default_memory_mib)
+        why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), mem, cores)
+        if why:
+            reasons.append(f"GPU {gpu.index}: {why}")
+        else:
+            fitting.append((gpu, mem))
+    if len(fitting) < count:
+        raise HamiError("request", request.describe(),
+                        f"{len(fitting)} of {count} GPU(s) have room ({'; '.join(reasons)})")
+
+    def load(item):
+        gpu, _ = item
+        u = used.get(gpu.uuid, Usage())
+        return (u.mem_mib / max(caps[gpu.uuid].mem_mib, 1), u.slots)
+
+    if policy == "spread":
+        fitting.sort(key=lambda item: (load(item), item[0].index))
+    else:  # binpack: the fullest GPU that still fits
+        fitting.sort(key=lambda item: (tuple(-x for x in load(item)), item[0].index))
+    return [Grant(g.index, g.uuid, mem, cores) for g, mem in fitting[:count]]

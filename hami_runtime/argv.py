@@ -1,0 +1,116 @@
+"""runc's command line, parsed by hand so that passthrough stays cheap.
+
+Go's flag package (which runc's CLI library uses) takes `-flag`, `--flag`,
+`--flag value` and `--flag=value` alike; so do we.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from .errors import HamiError
+
+GLOBAL_VALUE_FLAGS = {"log", "log-format", "root", "criu", "rootless"}
+GLOBAL_BOOL_FLAGS = {"debug", "systemd-cgroup", "help", "h", "version", "v"}
+
+# Flags of the subcommands we act on; all others pass through untouched.
+COMMAND_VALUE_FLAGS = {
+    "create": {"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"},
+    "run": {"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"},
+    "delete": set(),
+}
+MODIFIED_COMMANDS = set(COMMAND_VALUE_FLAGS)
+DEFAULT_ROOT = "/run/runc"
+
+
+@dataclass
+class Invocation:
+    argv: List[str]                      # everything after the program name
+    global_flags: Dict[str, str] = field(default_factory=dict)
+    command: Optional[str] = None
+    command_flags: Dict[str, str] = field(default_factory=dict)
+    positional: List[str] = field(default_factory=list)
+
+    @property
+    def root(self) -> str:
+        return os.path.abspath(self.global_flags.get("root") or DEFAULT_ROOT)
+
+    @property
+    def log_path(self) -> Optional[str]:
+        return self.global_flags.get("log") or None
+
+    @property
+    def log_format(self) -> str:
+        return self.global_flags.get("log-format") or "text"
+
+    @property
+    def container_id(self) -> Optional[str]:
+        return self.positional[0] if self.positional else None
+
+    @property
+    def bundle(self) -> str:
+        value = self.command_flags.get("bundle") or self.command_flags.get("b") or ""
+        return os.path.abspath(value or os.getcwd())
+
+
+def _split_flag(arg: str):
+    """'--a=b' -> ('a', 'b'); '-a' -> ('a', None); not a flag -> (None, None)."""
+    if arg in ("-", "--") or not arg.startswith("-"):
+        return None, None
+    body = arg.lstrip("-")
+    if arg.startswith("---"):
+        return None, None
+    name, eq, value = body.partition("=")
+    return name, (value if eq else None)
+
+
+def parse(argv: List[str]) -> Invocation:
+    """Parse runc's argv (without the program name). Only the global flags and
+    the flags of create/run/delete are understood; the rest is kept verbatim."""
+    inv = Invocation(argv=list(argv))
+    i = 0
+    while i < len(argv):
+        name, value = _split_flag(argv[i])
+        if name is None:
+            break
+        if name in GLOBAL_VALUE_FLAGS:
+            if value is None:
+                if i + 1 >= len(argv):
+                    raise HamiError(f"--{name}", "", "flag needs a value")
+                value = argv[i + 1]
+                i += 1
+            inv.global_flags[name] = value
+        elif name in GLOBAL_BOOL_FLAGS:
+            inv.global_flags[name] = "true" if value is None else value
+        else:
+            # An unknown global flag: leave everything to runc.
+            return inv
+        i += 1
+    if i >= len(argv):
+        return inv
+    inv.command = argv[i]
+    if inv.command not in MODIFIED_COMMANDS:
+        inv.positional = argv[i + 1:]
+        return inv
+    value_flags = COMMAND_VALUE_FLAGS[inv.command]
+    i += 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            inv.positional.extend(argv[i + 1:])
+            break
+        name, value = _split_flag(arg)
+        if name is None:
+            inv.positional.append(arg)
+        elif name in value_flags:
+            if value is None:
+                if i + 1 >= len(argv):
+                    raise HamiError(f"--{name}", "", "flag needs a value")
+                value = argv[i + 1]
+                i += 1
+            inv.command_flags[name] = value
+        else:
+            inv.command_flags[name] = "true" if value is None else value
+        i += 1
+    return inv

@@ -1,0 +1,196 @@
+"""The node config (TOML): defaults, validation, lookup of the real runtime.
+
+Kept free of heavy imports: passthrough subcommands read it too.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from typing import Dict, List
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .errors import HamiError
+
+DEFAULT_PATH = "/etc/hami/config.toml"
+DEFAULT_RUNTIMES = ["/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc"]
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ExtraMount:
+    source: str
+    destination: str
+    readonly: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    runtime: List[str] = field(default_factory=lambda: list(DEFAULT_RUNTIMES))
+    state_dir: str = "/run/hami"
+    libvgpu: str = "/usr/local/lib/hami/libvgpu.so"
+    split_count: int = 10
+    memory_scaling: float = 1.0
+    default_memory_mib: int = 0        # 0: the whole card (after scaling)
+    default_cores: int = 0             # 0: no SM limit
+    policy: str = "binpack"
+    driver_root: str = "/"
+    dev_root: str = "/dev"
+    proc_devices: str = "/proc/devices"
+    nvml_library: str = ""             # "": the loader's libnvidia-ml.so.1
+    env_requests: bool = True
+    log_file: str = ""
+    log_level: str = "info"
+    extra_env: Dict[str, str] = field(default_factory=dict)
+    extra_mounts: List[ExtraMount] = field(default_factory=list)
+    hook_command: List[str] = field(default_factory=list)  # []: this Python, -m hami_hook
+    path: str = ""                     # where it was read from
+
+
+def _abs_path(key, value, allow_empty=False):
+    if not isinstance(value, str):
+        raise HamiError(f"config {key}", value, "must be a string path")
+    if value == "" and allow_empty:
+        return value
+    if not os.path.isabs(value):
+        raise HamiError(f"config {key}", value, "must be an absolute path")
+    return os.path.normpath(value)
+
+
+def _int(key, value, low, high):
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise HamiError(f"config {key}", value, f"must be a whole number from {low} to {high}")
+    return value
+
+
+def _choice(key, value, choices):
+    if value not in choices:
+        raise HamiError(f"config {key}", value, "must be one of " + ", ".join(choices))
+    return value
+
+
+def _runtime(key, value):
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise HamiError(f"config {key}", value, "must be a path or a non-empty list of paths")
+    return [_abs_path(key, item) for item in items]
+
+
+def _scaling(key, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 100:
+        raise HamiError(f"config {key}", value, "must be a number above 0 and at most 100")
+    return float(value)
+
+
+def _bool(key, value):
+    if not isinstance(value, bool):
+        raise HamiError(f"config {key}", value, "must be true or false")
+    return value
+
+
+def _env(key, value):
+    if not isinstance(value, dict):
+        raise HamiError(f"config {key}", value, "must be a table of NAME = \"value\"")
+    for name, item in value.items():
+        if not ENV_NAME.match(name) or not isinstance(item, str):
+            raise HamiError(f"config {key}.{name}", item, "must be NAME = \"string\"")
+    return dict(value)
+
+
+def _mounts(key, value):
+    if not isinstance(value, list):
+        raise HamiError(f"config {key}", value, "must be a list of tables")
+    mounts = []
+    for n, item in enumerate(value):
+        where = f"{key}[{n}]"
+        if not isinstance(item, dict):
+            raise HamiError(f"config {where}", item, "must be a table with source and destination")
+        unknown = set(item) - {"source", "destination", "readonly"}
+        if unknown:
+            name = sorted(unknown)[0]
+            raise HamiError(f"config {where}.{name}", item[name], "unknown key")
+        if "source" not in item or "destination" not in item:
+            raise HamiError(f"config {where}", item, "needs source and destination")
+        mounts.append(ExtraMount(_abs_path(f"{where}.source", item["source"]),
+                                 _abs_path(f"{where}.destination", item["destination"]),
+                                 _bool(f"{where}.readonly", item.get("readonly", False))))
+    return mounts
+
+
+def _command(key, value):
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise HamiError(f"config {key}", value, "must be a non-empty list of strings")
+    _abs_path(key, value[0])
+    return list(value)
+
+
+VALIDATORS = {
+    "runtime": _runtime,
+    "state_dir": _abs_path,
+    "libvgpu": _abs_path,
+    "split_count": lambda k, v: _int(k, v, 1, 1024),
+    "memory_scaling": _scaling,
+    "default_memory_mib": lambda k, v: _int(k, v, 0, 1 << 30),
+    "default_cores": lambda k, v: _int(k, v, 0, 100),
+    "policy": lambda k, v: _choice(k, v, ("binpack", "spread")),
+    "driver_root": _abs_path,
+    "dev_root": _abs_path,
+    "proc_devices": _abs_path,
+    "nvml_library": lambda k, v: _abs_path(k, v, allow_empty=True),
+    "env_requests": _bool,
+    "log_file": lambda k, v: _abs_path(k, v, allow_empty=True),
+    "log_level": lambda k, v: _choice(k, v, ("debug", "info", "warning", "error")),
+    "extra_env": _env,
+    "extra_mounts": _mounts,
+    "hook_command": _command,
+}
+assert set(VALIDATORS) == {f.name for f in fields(Config)} - {"path"}
+
+
+def from_mapping(raw: dict, path: str = "") -> Config:
+    values = {}
+    for key, value in raw.items():
+        if key not in VALIDATORS:
+            raise HamiError(f"config {key}", value, f"unknown key in {path or 'config'}")
+        values[key] = VALIDATORS[key](key, value)
+    return Config(path=path, **values)
+
+
+def config_path() -> str:
+    return os.environ.get("HAMI_CONFIG") or DEFAULT_PATH
+
+
+def load(path: str | None = None) -> Config:
+    """Read the config; a missing default file means the defaults, a missing
+    HAMI_CONFIG file is an error (the operator named it)."""
+    path = path or config_path()
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except FileNotFoundError:
+        if path == DEFAULT_PATH and "HAMI_CONFIG" not in os.environ:
+            return Config(path="")
+        raise HamiError("HAMI_CONFIG", path, "config file not found") from None
+    except OSError as exc:
+        raise HamiError("HAMI_CONFIG", path, f"cannot read config file: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise HamiError("HAMI_CONFIG", path, f"not valid TOML: {exc}") from None
+    return from_mapping(raw, path)
+
+
+def real_runtime(cfg: Config) -> str:
+    """The first runtime candidate that exists, is executable and is not us."""
+    me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    for candidate in cfg.runtime:
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            continue
+        real = os.path.realpath(candidate)
+        if real == me or os.path.basename(real).startswith("hami-runtime"):
+            raise HamiError("config runtime", candidate, "points at hami-runtime itself")
+        return candidate
+    raise HamiError("config runtime", ",".join(cfg.runtime), "no executable OCI runtime found")

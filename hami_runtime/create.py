@@ -1,0 +1,150 @@
+"""create/run: read the request, allocate, prepare the host side, edit the spec.
+
+Only this edge touches files and the lock; parsing, allocation and the spec
+edits are the pure modules it calls. On any refusal nothing is left behind.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import stat
+import sys
+import time
+from typing import Dict, List
+
+from . import allocator, discovery, modifiers, requests, spec as spec_io, store
+from . import log
+from .config import Config
+from .errors import HamiError
+from .files import atomic_write, process_start
+from .ids import check_container_id
+
+IDENTITY_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-namespace",
+                 "io.kubernetes.cri.container-name", "io.kubernetes.pod.name",
+                 "io.kubernetes.pod.namespace", "io.kubernetes.container.name",
+                 "io.container.manager", "io.podman.annotations.name", "nerdctl/name")
+HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8"]
+
+
+def identity(annotations: Dict[str, str]) -> Dict[str, str]:
+    return {k: annotations[k] for k in IDENTITY_KEYS if k in annotations}
+
+
+def device_majors(cfg: Config) -> Dict[str, int]:
+    majors = discovery.read_majors(cfg.proc_devices)
+    # A node that exists under the dev root is the truth for its major.
+    for name, node in (("nvidia-frontend", "nvidiactl"), ("nvidia-uvm", "nvidia-uvm")):
+        try:
+            st = os.stat(os.path.join(cfg.dev_root, node))
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode):
+            majors[name] = os.major(st.st_rdev)
+    return majors
+
+
+def hook_argv(cfg: Config, runc_root: str) -> List[str]:
+    base = list(cfg.hook_command) or [sys.executable, "-I", "-m", "hami_hook"]
+    return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root]
+
+
+def build_injection(cfg: Config, runc_root: str, cid: str, grants, gpus, majors, driver_files,
+                    request, marker: dict) -> modifiers.Injection:
+    minor_of = {g.uuid: g.minor for g in gpus}
+    region_dir = store.container_dir(cfg.state_dir, cid)
+    preload = os.path.join(store.private_dir(cfg.state_dir, cid), "ld.so.preload")
+    mounts = [modifiers.Mount(f.host_path, f.container_path, tuple(modifiers.RO_BIND))
+              for f in driver_files]
+    mounts += [
+        modifiers.Mount(cfg.libvgpu, modifiers.LIBVGPU_PATH, tuple(modifiers.RO_BIND)),
+        modifiers.Mount(preload, modifiers.PRELOAD_PATH, tuple(modifiers.RO_BIND)),
+        modifiers.Mount(region_dir, modifiers.REGION_DIR, tuple(modifiers.RW_BIND)),
+    ]
+    mounts += [modifiers.Mount(m.source, m.destination,
+                               tuple(modifiers.RO_BIND if m.readonly else modifiers.RW_BIND))
+               for m in cfg.extra_mounts]
+    env = {f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{g.mem_mib}m" for i, g in enumerate(grants)}
+    env["CUDA_DEVICE_SM_LIMIT"] = str(grants[0].cores)
+    if len({g.cores for g in grants}) > 1:
+        env.update({f"CUDA_DEVICE_SM_LIMIT_{i}": str(g.cores) for i, g in enumerate(grants)})
+    env.update({
+        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in grants),
+        "GPU_CORE_UTILIZATION_POLICY": request.core_policy,
+        "CUDA_TASK_PRIORITY": str(request.priority),
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{modifiers.REGION_DIR}/vgpu.region",
+    })
+    env.update(cfg.extra_env)
+    library_dirs = []
+    for f in driver_files:
+        directory = os.path.dirname(f.container_path)
+        if os.path.basename(f.container_path).startswith("lib") and directory not in library_dirs:
+            library_dirs.append(directory)
+    return modifiers.Injection(
+        devices=modifiers.device_nodes([minor_of[g.uuid] for g in grants], majors),
+        mounts=mounts, env=env, library_dirs=library_dirs,
+        hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV), marker=marker)
+
+
+def _prepare_host_side(cfg: Config, cid: str, inv, grants, request) -> None:
+    from . import region
+    region_dir = store.container_dir(cfg.state_dir, cid)
+    private = store.private_dir(cfg.state_dir, cid)
+    for path in (region_dir, private):
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    # Any container user must be able to map the region.
+    os.chmod(region_dir, 0o777)
+    region.create(os.path.join(region_dir, region.REGION_FILE_NAME),
+                  [region.DeviceLimit(g.uuid, g.mem_mib << 20, g.cores) for g in grants],
+                  core_policy=request.core_policy, priority=request.priority)
+    atomic_write(os.path.join(private, "ld.so.preload"),
+                 (modifiers.LIBVGPU_PATH + "\n").encode(), 0o644)
+    atomic_write(os.path.join(private, "owner.json"),
+                 json.dumps({"id": cid, "runc_root": inv.root, "bundle": inv.bundle}).encode(), 0o600)
+
+
+def prepare(cfg: Config, inv) -> bool:
+    """True when the spec was edited for a GPU request; False when it had none
+    and stays byte for byte as it came."""
+    cid = check_container_id(inv.container_id)
+    bundle = inv.bundle
+    spec = spec_io.load(bundle)
+    annotations = spec.get("annotations") or {}
+    env = (spec.get("process") or {}).get("env") or []
+    request = requests.parse(annotations, env, cfg.env_requests)
+    if request is None:
+        log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
+        return False
+    if not os.path.isfile(cfg.libvgpu):
+        raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
+    gpus = discovery.load_gpus(cfg.nvml_library)
+    majors = device_majors(cfg)
+    driver_files = discovery.driver_files(cfg.driver_root)
+    with store.transaction(cfg.state_dir, [inv.root]) as state:
+        if cid in state.allocations:
+            raise HamiError("container id", cid, "already has a GPU allocation")
+        grants = allocator.allocate(
+            request, gpus, state.allocations.values(), split_count=cfg.split_count,
+            memory_scaling=cfg.memory_scaling, default_memory_mib=cfg.default_memory_mib,
+            default_cores=cfg.default_cores, policy=cfg.policy)
+        entry = {
+            "id": cid, "runc_root": inv.root, "bundle": bundle,
+            "devices": [g.to_json() for g in grants],
+            "core_policy": request.core_policy, "priority": request.priority,
+            "identity": identity(annotations), "request": dict(request.keys),
+            "created_at": time.time(), "pid": 0,
+        }
+        marker = {k: v for k, v in entry.items() if k not in ("runc_root", "bundle")}
+        entry["creator"] = {"pid": os.getpid(), "start": process_start(os.getpid())}
+        try:
+            _prepare_host_side(cfg, cid, inv, grants, request)
+            edited = modifiers.apply(copy.deepcopy(spec), build_injection(
+                cfg, inv.root, cid, grants, gpus, majors, driver_files, request, marker))
+            spec_io.write(bundle, edited)
+        except BaseException:
+            store.remove_dirs(cfg.state_dir, cid)
+            raise
+        state.allocations[cid] = entry
+    log.write(cfg, "info", f"{cid}: allocated " + ", ".join(
+        f"GPU {g.index} {g.mem_mib}MiB {g.cores}%" for g in grants))
+    return True

@@ -1,0 +1,130 @@
+"""What the node has: GPUs through NVML, device majors from /proc/devices, the
+driver's user-space files from the ld cache under the driver root."""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+from .allocator import GpuInfo
+from .errors import HamiError
+
+# Driver user-space libraries, by soname prefix (the toolkit's libcudart etc. are not the driver's).
+DRIVER_LIB_PREFIXES = ("libcuda.so", "libnvidia-", "libcudadebugger.so", "libnvcuvid.so",
+                       "libnvoptix.so")
+SMI_PLACES = ("usr/bin/nvidia-smi", "bin/nvidia-smi", "usr/local/bin/nvidia-smi", "usr/sbin/nvidia-smi")
+LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig", "/sbin/ldconfig.real")
+_CACHE_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class DriverFile:
+    host_path: str       # resolved, under the driver root
+    container_path: str  # where the cache lists it (root removed)
+
+
+def load_gpus(nvml_library: str = "") -> List[GpuInfo]:
+    import pynvml
+    if nvml_library:
+        try:
+            # Loaded first and global, pynvml's own dlopen of the soname finds it.
+            ctypes.CDLL(nvml_library, mode=os.RTLD_GLOBAL)
+        except OSError as exc:
+            raise HamiError("config nvml_library", nvml_library, f"cannot load: {exc}") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise HamiError("NVML", nvml_library or "libnvidia-ml.so.1", f"init failed: {exc}") from None
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            gpus.append(GpuInfo(
+                index=index,
+                uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
+                model=name.decode() if isinstance(name, bytes) else name,
+                memory_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20),
+                minor=pynvml.nvmlDeviceGetMinorNumber(handle)))
+        return gpus
+    except pynvml.NVMLError as exc:
+        raise HamiError("NVML", nvml_library or "libnvidia-ml.so.1", f"query failed: {exc}") from None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def parse_proc_devices(text: str) -> Dict[str, int]:
+    """Character device majors by name."""
+    majors: Dict[str, int] = {}
+    in_char = False
+    for line in text.splitlines():
+        if line.strip().endswith("devices:"):
+            in_char = line.strip().startswith("Character")
+            continue
+        parts = line.split()
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
+
+
+def read_majors(path: str) -> Dict[str, int]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse_proc_devices(handle.read())
+    except OSError as exc:
+        raise HamiError("config proc_devices", path, f"cannot read: {exc.strerror}") from None
+
+
+def parse_ld_cache(output: str) -> List[Tuple[str, str, str]]:
+    """`ldconfig -p` lines -> (soname, flags, path)."""
+    entries = []
+    for line in output.splitlines():
+        match = _CACHE_LINE.match(line)
+        if match:
+            entries.append(match.groups())
+    return entries
+
+
+def select_driver_libs(entries, root: str) -> List[DriverFile]:
+    """64-bit driver libraries of the cache, mapped to files under the root."""
+    chosen: Dict[str, DriverFile] = {}
+    for soname, flags, path in entries:
+        if not soname.startswith(DRIVER_LIB_PREFIXES) or "64" not in flags:
+            continue  # not the driver's, or a 32-bit copy
+        if not os.path.isabs(path) or path in chosen:
+            continue
+        host = os.path.realpath(os.path.join(root, path.lstrip("/")))
+        real_root = os.path.realpath(root)
+        if not (host == real_root or host.startswith(real_root.rstrip("/") + "/")):
+            continue  # a link that leaves the driver root
+        if os.path.isfile(host):
+            chosen[path] = DriverFile(host, path)
+    return list(chosen.values())
+
+
+def driver_files(root: str) -> List[DriverFile]:
+    cache = os.path.join(root, "etc", "ld.so.cache")
+    ldconfig = next((p for p in LDCONFIG if os.access(p, os.X_OK)), None)
+    if ldconfig is None:
+        raise HamiError("ldconfig", ",".join(LDCONFIG), "not found")
+    if not os.path.isfile(cache):
+        raise HamiError("config driver_root", root, f"no ld cache at {cache}")
+    result = subprocess.run([ldconfig, "-p", "-C", cache], capture_output=True, text=True,
+                            check=False, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
+    files = select_driver_libs(parse_ld_cache(result.stdout), root)
+    if not any(os.path.basename(f.container_path).startswith("libcuda.so") for f in files):
+        raise HamiError("config driver_root", root, "its ld cache lists no libcuda.so")
+    real_root = os.path.realpath(root)
+    for place in SMI_PLACES:
+        host = os.path.realpath(os.path.join(root, place))
+        if host.startswith(real_root.rstrip("/") + "/") and os.path.isfile(host):
+            files.append(DriverFile(host, "/" + place))
+            break
+    return files

@@ -1,0 +1,110 @@
+"""hamictl: the operator's view of the node (GPUs, allocations).
+
+Other commands register themselves at the bottom (cli.add_command).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from . import config as config_mod
+from .errors import HamiError
+
+
+def _config(path):
+    return config_mod.load(path)
+
+
+def _table(headers, rows) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else \
+        [len(h) for h in headers]
+    line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+    return "\n".join([line(headers)] + [line(r) for r in rows])
+
+
+def allocations(cfg):
+    """The live allocations (dead ones are freed on the way)."""
+    from . import store
+    import os
+    if not os.path.isdir(cfg.state_dir):
+        return {}
+    with store.transaction(cfg.state_dir) as state:
+        return dict(state.allocations)
+
+
+@click.group()
+@click.option("--config", "config_path", envvar="HAMI_CONFIG", default=None,
+              help="config file (default $HAMI_CONFIG or /etc/hami/config.toml)")
+@click.pass_context
+def cli(ctx, config_path):
+    """Inspect GPU sharing on this node."""
+    ctx.obj = {"config_path": config_path}
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def gpus(ctx, as_json):
+    """GPUs: index, UUID, model, memory, slots used, memory and cores allocated."""
+    from . import allocator, discovery
+    cfg = _config(ctx.obj["config_path"])
+    found = discovery.load_gpus(cfg.nvml_library)
+    used = allocator.usage(allocations(cfg).values())
+    rows = []
+    for gpu in found:
+        cap = allocator.capacity(gpu, cfg.split_count, cfg.memory_scaling)
+        u = used.get(gpu.uuid, allocator.Usage())
+        rows.append({"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model,
+                     "memory_mib": gpu.memory_mib, "capacity_mib": cap.mem_mib,
+                     "slots": cap.slots, "slots_used": u.slots,
+                     "memory_allocated_mib": u.mem_mib, "cores_allocated": u.cores})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    click.echo(_table(["INDEX", "UUID", "MODEL", "MEMORY", "SLOTS", "MEM ALLOC", "CORES ALLOC"], [
+        [r["index"], r["uuid"], r["model"], f"{r['memory_mib']}MiB",
+         f"{r['slots_used']}/{r['slots']}", f"{r['memory_allocated_mib']}/{r['capacity_mib']}MiB",
+         f"{r['cores_allocated']}%"] for r in rows]))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def ps(ctx, as_json):
+    """Allocations: container, GPU, memory, cores, PID."""
+    cfg = _config(ctx.obj["config_path"])
+    rows = []
+    for cid, entry in sorted(allocations(cfg).items()):
+        for device in entry["devices"]:
+            rows.append({"container": cid, "gpu": device.get("index"), "uuid": device["uuid"],
+                         "memory_mib": device["mem_mib"], "cores": device["cores"],
+                         "pid": entry.get("pid", 0), "identity": entry.get("identity", {})})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    click.echo(_table(["CONTAINER", "GPU", "UUID", "MEMORY", "CORES", "PID", "NAME"], [
+        [r["container"], r["gpu"], r["uuid"], f"{r['memory_mib']}MiB", f"{r['cores']}%",
+         r["pid"] or "-", "/".join(v for k, v in sorted(r["identity"].items())
+                                   if k.endswith("name")) or "-"] for r in rows]))
+
+
+def main(argv=None) -> int:
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except HamiError as exc:
+        click.echo(f"hamictl: {exc.line()}", err=True)
+        return 1
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 1
+    return 0
+
+
+# Commands from other modules register here, one line each:
+# from .top import top; cli.add_command(top)

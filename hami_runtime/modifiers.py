@@ -1,0 +1,138 @@
+"""Spec edits: small modifiers over a plain dict spec, applied in order.
+
+Each takes (spec, injection) and returns the spec; each is idempotent (it
+replaces its own earlier edit rather than adding a second one), so editing an
+already edited spec converges.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+VGPU_DIR = "/usr/local/vgpu"
+LIBVGPU_PATH = f"{VGPU_DIR}/libvgpu.so"
+REGION_DIR = f"{VGPU_DIR}/shared"
+PRELOAD_PATH = "/etc/ld.so.preload"
+MARKER = "hami.io/allocation"
+NVIDIA_MAJOR = 195
+RO_BIND = ["bind", "ro", "nosuid", "nodev"]
+RW_BIND = ["bind", "rw", "nosuid", "nodev"]
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    path: str
+    major: int
+    minor: int
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    destination: str
+    options: Tuple[str, ...]
+
+
+@dataclass
+class Injection:
+    """Everything the modifiers put into a spec, decided before editing."""
+    devices: List[DeviceNode] = field(default_factory=list)
+    mounts: List[Mount] = field(default_factory=list)     # driver files, libvgpu, region, extras
+    env: Dict[str, str] = field(default_factory=dict)
+    library_dirs: List[str] = field(default_factory=list)  # appended to LD_LIBRARY_PATH
+    hook_argv: List[str] = field(default_factory=list)     # [path, args...]; poststop/createRuntime appended
+    hook_env: List[str] = field(default_factory=list)
+    marker: Optional[dict] = None
+
+
+def device_nodes(minors: Sequence[int], majors: Dict[str, int]) -> List[DeviceNode]:
+    """/dev/nvidiaN for the allocated GPUs, the control node, and UVM when the
+    driver registered it."""
+    frontend = majors.get("nvidia-frontend", majors.get("nvidia", NVIDIA_MAJOR))
+    nodes = [DeviceNode(f"/dev/nvidia{m}", frontend, m) for m in minors]
+    nodes.append(DeviceNode("/dev/nvidiactl", frontend, 255))
+    if "nvidia-uvm" in majors:
+        nodes.append(DeviceNode("/dev/nvidia-uvm", majors["nvidia-uvm"], 0))
+        nodes.append(DeviceNode("/dev/nvidia-uvm-tools", majors["nvidia-uvm"], 1))
+    return nodes
+
+
+def _linux(spec: dict) -> dict:
+    return spec.setdefault("linux", {})
+
+
+def add_device_nodes(spec: dict, inj: Injection) -> dict:
+    paths = {d.path for d in inj.devices}
+    kept = [d for d in _linux(spec).get("devices") or [] if d.get("path") not in paths]
+    kept += [{"path": d.path, "type": "c", "major": d.major, "minor": d.minor,
+              "fileMode": 0o666, "uid": 0, "gid": 0} for d in inj.devices]
+    _linux(spec)["devices"] = kept
+    return spec
+
+
+def allow_device_access(spec: dict, inj: Injection) -> dict:
+    resources = _linux(spec).setdefault("resources", {})
+    rules = resources.get("devices") or []
+    for d in inj.devices:
+        rule = {"allow": True, "type": "c", "major": d.major, "minor": d.minor, "access": "rwm"}
+        if rule not in rules:
+            rules.append(rule)
+    resources["devices"] = rules
+    return spec
+
+
+def add_mounts(spec: dict, inj: Injection) -> dict:
+    targets = {m.destination for m in inj.mounts}
+    kept = [m for m in spec.get("mounts") or [] if m.get("destination") not in targets]
+    kept += [{"destination": m.destination, "type": "bind", "source": m.source,
+              "options": list(m.options)} for m in inj.mounts]
+    spec["mounts"] = kept
+    return spec
+
+
+def set_env(spec: dict, inj: Injection) -> dict:
+    process = spec.setdefault("process", {})
+    env = list(process.get("env") or [])
+    names = set(inj.env)
+    if inj.library_dirs:
+        old = next((e.split("=", 1)[1] for e in env if e.startswith("LD_LIBRARY_PATH=")), "")
+        dirs = [d for d in old.split(":") if d]
+        dirs += [d for d in inj.library_dirs if d not in dirs]
+        names.add("LD_LIBRARY_PATH")
+        extra = {"LD_LIBRARY_PATH": ":".join(dirs)}
+    else:
+        extra = {}
+    env = [e for e in env if e.partition("=")[0] not in names]
+    env += [f"{k}={v}" for k, v in {**inj.env, **extra}.items()]
+    process["env"] = env
+    return spec
+
+
+def add_hooks(spec: dict, inj: Injection) -> dict:
+    if not inj.hook_argv:
+        return spec
+    hooks = spec.setdefault("hooks", {})
+    for stage in ("createRuntime", "poststop"):
+        kept = [h for h in hooks.get(stage) or []
+                if (h.get("args") or [])[:len(inj.hook_argv)] != inj.hook_argv]
+        kept.append({"path": inj.hook_argv[0], "args": inj.hook_argv + [stage],
+                     "env": list(inj.hook_env), "timeout": 30})
+        hooks[stage] = kept
+    return spec
+
+
+def mark_allocation(spec: dict, inj: Injection) -> dict:
+    if inj.marker is not None:
+        spec.setdefault("annotations", {})[MARKER] = json.dumps(inj.marker, sort_keys=True)
+    return spec
+
+
+MODIFIERS: Tuple[Callable[[dict, Injection], dict], ...] = (
+    add_device_nodes, allow_device_access, add_mounts, set_env, add_hooks, mark_allocation)
+
+
+def apply(spec: dict, inj: Injection, modifiers=MODIFIERS) -> dict:
+    for modify in modifiers:
+        spec = modify(spec, inj)
+    return spec

@@ -1,0 +1,236 @@
+"""A container's GPU request, from its annotations or (for engines without
+annotations) its env. Pure: strings in, a validated model out, or a refusal
+that names the key and the value."""
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Literal, Optional, Tuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import HamiError
+
+PREFIXES = ("hami.io/", "nvidia.com/")
+KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu-uuid",
+        "use-gputype", "nouse-gputype", "core-policy", "priority", "vgpu-devices-allocated")
+# Keys that ask for a GPU by themselves; the others only shape a request.
+REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "vgpu-devices-allocated")
+ENV_KEYS = ("HAMI_GPUMEM", "HAMI_GPUCORES", "HAMI_GPUMEM_PERCENTAGE")
+MAX_GPUS = 16
+_NUMBER = re.compile(r"^[0-9]{1,10}$")
+_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}$")
+
+
+class AssignedDevice(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    uuid: str
+    mem_mib: int = Field(ge=1)
+    cores: int = Field(ge=0, le=100)
+
+
+class GpuRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    source: Literal["annotations", "env"]
+    count: Optional[int] = Field(default=1, ge=1, le=MAX_GPUS)  # None: every GPU
+    mem_mib: Optional[int] = Field(default=None, ge=1)
+    mem_percentage: Optional[int] = Field(default=None, ge=1, le=100)
+    cores: Optional[int] = Field(default=None, ge=0, le=100)
+    use_uuids: Tuple[str, ...] = ()
+    avoid_uuids: Tuple[str, ...] = ()
+    use_indices: Tuple[int, ...] = ()
+    use_types: Tuple[str, ...] = ()
+    avoid_types: Tuple[str, ...] = ()
+    core_policy: Literal["default", "force", "disable"] = "default"
+    priority: int = Field(default=1, ge=0, le=1)
+    assigned: Tuple[AssignedDevice, ...] = ()
+    keys: Dict[str, str] = {}  # the request as written, for messages
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.keys.items()) or self.source
+
+
+def number(key: str, value: str, low: int, high: int) -> int:
+    text = value.strip()
+    if not _NUMBER.match(text):
+        raise HamiError(key, value, "not a whole number")
+    result = int(text)
+    if not low <= result <= high:
+        raise HamiError(key, value, f"out of range {low}..{high}")
+    return result
+
+
+def uuid_list(key: str, value: str) -> Tuple[str, ...]:
+    items = tuple(item.strip() for item in value.split(",") if item.strip())
+    if not items:
+        raise HamiError(key, value, "empty list of UUIDs")
+    for item in items:
+        if not _UUID.match(item):
+            raise HamiError(key, value, f"not a GPU UUID: {item!r}")
+    return items
+
+
+def type_list(key: str, value: str) -> Tuple[str, ...]:
+    items = tuple(item.strip().lower() for item in value.split(",") if item.strip())
+    if not items:
+        raise HamiError(key, value, "empty list of GPU types")
+    return items
+
+
+def parse_assigned(key: str, value: str) -> Tuple[AssignedDevice, ...]:
+    """HAMi's decision: 'UUID,NVIDIA,<MiB>,<cores>:' per device, ';' per container.
+    Only a single-container decision can be matched to this container."""
+    containers = value.strip().split(";")
+    if containers and containers[-1].strip() == "":
+        containers.pop()
+    if len(containers) != 1:
+        raise HamiError(key, value, f"{len(containers)} container entries: cannot tell which "
+                        "one is this container")
+    devices = []
+    for entry in (e for e in containers[0].split(":") if e.strip()):
+        parts = [p.strip() for p in entry.split(",")]
+        if len(parts) != 4:
+            raise HamiError(key, value, f"device entry {entry!r} is not UUID,NVIDIA,<MiB>,<cores>")
+        uuid, vendor, mem, cores = parts
+        if not _UUID.match(uuid):
+            raise HamiError(key, value, f"not a GPU UUID: {uuid!r}")
+        if vendor.upper() != "NVIDIA":
+            raise HamiError(key, value, f"device vendor {vendor!r} is not NVIDIA")
+        devices.append(AssignedDevice(uuid=uuid, mem_mib=number(key, mem, 1, 1 << 30),
+                                      cores=number(key, cores, 0, 100)))
+    if not devices:
+        raise HamiError(key, value, "no device for this container")
+    if len({d.uuid for d in devices}) != len(devices):
+        raise HamiError(key, value, "the same GPU twice")
+    return tuple(devices)
+
+
+def collect(annotations: Dict[str, str]) -> Dict[str, Tuple[str, str]]:
+    """short key -> (full key, value); hami.io/ and nvidia.com/ spellings must agree."""
+    found: Dict[str, Tuple[str, str]] = {}
+    for key in sorted(annotations):
+        for prefix in PREFIXES:
+            short = key[len(prefix):]
+            if key.startswith(prefix) and short in KEYS:
+                value = annotations[key]
+                if not isinstance(value, str):
+                    raise HamiError(key, repr(value), "annotation value must be a string")
+                if short in found and found[short][1].strip() != value.strip():
+                    other = found[short][0]
+                    raise HamiError(key, value, f"conflicts with {other}={found[short][1]}")
+                found.setdefault(short, (key, value))
+    return found
+
+
+def from_annotations(annotations: Dict[str, str]) -> Optional[GpuRequest]:
+    found = collect(annotations or {})
+    if not any(k in found for k in REQUEST_KEYS):
+        return None
+    args: dict = {"source": "annotations", "keys": {k: v for k, v in found.values()}}
+    get = found.get
+    if "gpumem" in found and "gpumem-percentage" in found:
+        key, value = found["gpumem-percentage"]
+        raise HamiError(key, value, f"conflicts with {found['gpumem'][0]}={found['gpumem'][1]}: "
+                        "give memory in MiB or in percent, not both")
+    if get("gpu"):
+        args["count"] = number(*found["gpu"], 1, MAX_GPUS)
+    if get("gpumem"):
+        args["mem_mib"] = number(*found["gpumem"], 1, 1 << 30)
+    if get("gpumem-percentage"):
+        args["mem_percentage"] = number(*found["gpumem-percentage"], 1, 100)
+    if get("gpucores"):
+        args["cores"] = number(*found["gpucores"], 0, 100)
+    if get("gpu-uuid"):
+        args["use_uuids"] = uuid_list(*found["gpu-uuid"])
+    if get("nouse-gpu-uuid"):
+        args["avoid_uuids"] = uuid_list(*found["nouse-gpu-uuid"])
+        both = set(args["avoid_uuids"]) & set(args.get("use_uuids", ()))
+        if both:
+            key, value = found["nouse-gpu-uuid"]
+            raise HamiError(key, value, f"conflicts with {found['gpu-uuid'][0]}: "
+                            f"{sorted(both)[0]} is both used and avoided")
+    if get("use-gputype"):
+        args["use_types"] = type_list(*found["use-gputype"])
+    if get("nouse-gputype"):
+        args["avoid_types"] = type_list(*found["nouse-gputype"])
+    if get("core-policy"):
+        key, value = found["core-policy"]
+        if value.strip() not in ("default", "force", "disable"):
+            raise HamiError(key, value, "must be default, force or disable")
+        args["core_policy"] = value.strip()
+    if get("priority"):
+        args["priority"] = number(*found["priority"], 0, 1)
+    if get("vgpu-devices-allocated"):
+        key, value = found["vgpu-devices-allocated"]
+        args["assigned"] = parse_assigned(key, value)
+        if "count" in args and args["count"] != len(args["assigned"]):
+            gkey, gvalue = found["gpu"]
+            raise HamiError(gkey, gvalue, f"conflicts with {key}, which assigns "
+                            f"{len(args['assigned'])} GPU(s)")
+        args["count"] = len(args["assigned"])
+    return GpuRequest(**args)
+
+
+def env_map(env: Iterable[str]) -> Dict[str, str]:
+    result: Dict[str, str] = {}
+    for item in env or ():
+        name, eq, value = item.partition("=")
+        if eq and name not in result:
+            result[name] = value
+    return result
+
+
+def from_env(env: Dict[str, str]) -> Optional[GpuRequest]:
+    visible = env.get("NVIDIA_VISIBLE_DEVICES")
+    has_limits = any(k in env for k in ENV_KEYS)
+    if visible is None and not has_limits:
+        return None
+    args: dict = {"source": "env",
+                  "keys": {k: env[k] for k in ("NVIDIA_VISIBLE_DEVICES",) + ENV_KEYS if k in env}}
+    text = (visible or "").strip()
+    if visible is not None and text.lower() in ("none", "void", ""):
+        if has_limits:
+            name = next(k for k in ENV_KEYS if k in env)
+            raise HamiError(name, env[name], f"conflicts with NVIDIA_VISIBLE_DEVICES={visible}")
+        return None
+    if text.lower() == "all":
+        args["count"] = None
+    elif text:
+        items = [i.strip() for i in text.split(",") if i.strip()]
+        indices: List[int] = []
+        uuids: List[str] = []
+        for item in items:
+            if item.isdigit():
+                indices.append(number("NVIDIA_VISIBLE_DEVICES", item, 0, 1023))
+            elif _UUID.match(item) and item.upper().startswith("GPU-"):
+                uuids.append(item)
+            else:
+                raise HamiError("NVIDIA_VISIBLE_DEVICES", visible,
+                                f"{item!r} is not a GPU index or a GPU-UUID")
+        if indices and uuids:
+            raise HamiError("NVIDIA_VISIBLE_DEVICES", visible, "mixes indices and UUIDs")
+        if len(set(items)) != len(items):
+            raise HamiError("NVIDIA_VISIBLE_DEVICES", visible, "names a GPU twice")
+        if len(items) > MAX_GPUS:
+            raise HamiError("NVIDIA_VISIBLE_DEVICES", visible, f"more than {MAX_GPUS} GPUs")
+        args["count"] = len(items)
+        args["use_indices"] = tuple(indices)
+        args["use_uuids"] = tuple(uuids)
+    if "HAMI_GPUMEM" in env and "HAMI_GPUMEM_PERCENTAGE" in env:
+        raise HamiError("HAMI_GPUMEM_PERCENTAGE", env["HAMI_GPUMEM_PERCENTAGE"],
+                        f"conflicts with HAMI_GPUMEM={env['HAMI_GPUMEM']}")
+    if "HAMI_GPUMEM" in env:
+        args["mem_mib"] = number("HAMI_GPUMEM", env["HAMI_GPUMEM"], 1, 1 << 30)
+    if "HAMI_GPUMEM_PERCENTAGE" in env:
+        args["mem_percentage"] = number("HAMI_GPUMEM_PERCENTAGE", env["HAMI_GPUMEM_PERCENTAGE"], 1, 100)
+    if "HAMI_GPUCORES" in env:
+        args["cores"] = number("HAMI_GPUCORES", env["HAMI_GPUCORES"], 0, 100)
+    return GpuRequest(**args)
+
+
+def parse(annotations: Dict[str, str], env: Iterable[str], env_requests: bool = True
+          ) -> Optional[GpuRequest]:
+    """Annotations win; env is read only when the operator allows env requests."""
+    request = from_annotations(annotations or {})
+    if request is not None or not env_requests:
+        return request
+    return from_env(env_map(env))

@@ -1,0 +1,38 @@
+# hami-runtime: the config for the simulated GPU, and the test program that
+# allocates through libcuda inside a container.
+SIM_ROOT := $(abspath $(BUILD))/sim
+
+sim: $(BUILD)/sim/hami.toml $(BUILD)/runtime-tests/cuda_alloc
+
+# The host has no nvidia driver: majors come from this /proc/devices stand-in.
+# GPU containers get the simulator's state dir and HAMI_SIM_STATE through the
+# general extra_mounts / extra_env settings, as any node-specific need would.
+$(BUILD)/sim/hami.toml: mk/runtime.mk
+	@mkdir -p $(SIM_ROOT)/state $(SIM_ROOT)/shared $(SIM_ROOT)/dev
+	@chmod 1777 $(SIM_ROOT)/shared
+	@printf 'Character devices:\n  1 mem\n195 nvidia-frontend\n511 nvidia-uvm\n\nBlock devices:\n  7 loop\n' > $(SIM_ROOT)/proc-devices
+	@{ \
+	  echo '# hami-runtime config for the simulated GPU (written by make sim)'; \
+	  echo 'runtime = ["/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc", "/usr/local/bin/runc"]'; \
+	  echo 'state_dir = "$(SIM_ROOT)/state"'; \
+	  echo 'libvgpu = "$(abspath $(BUILD))/libvgpu.so"'; \
+	  echo 'nvml_library = "$(SIM_ROOT)/lib/libnvidia-ml.so.1"'; \
+	  echo 'driver_root = "$(SIM_ROOT)"'; \
+	  echo 'dev_root = "$(SIM_ROOT)/dev"'; \
+	  echo 'proc_devices = "$(SIM_ROOT)/proc-devices"'; \
+	  echo 'split_count = 10'; \
+	  echo 'memory_scaling = 1.0'; \
+	  echo 'policy = "binpack"'; \
+	  echo ''; \
+	  echo '[extra_env]'; \
+	  echo 'HAMI_SIM_STATE = "/run/hami-sim/gpu.state"'; \
+	  echo ''; \
+	  echo '[[extra_mounts]]'; \
+	  echo 'source = "$(SIM_ROOT)/shared"'; \
+	  echo 'destination = "/run/hami-sim"'; \
+	} > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/runtime-tests/cuda_alloc: tests/runtime/cuda_alloc.c libvgpu_src/cuda_api.h $(BUILD)/sim/lib/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -Ilibvgpu_src -o $@ $< \
+		-L$(BUILD)/sim/lib -l:libcuda.so.1

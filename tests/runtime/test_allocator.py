@@ -1,0 +1,69 @@
+"""Allocation over literal GPUs and allocations: capacity, filters, policies."""
+import pytest
+
+from hami_runtime.allocator import GpuInfo, allocate
+from hami_runtime.errors import HamiError
+from hami_runtime.requests import parse
+
+GPUS = [GpuInfo(0, "GPU-0", "NVIDIA A100-SXM4-40GB", 40960, 0),
+        GpuInfo(1, "GPU-1", "NVIDIA H100 80GB HBM3", 81920, 1)]
+
+
+def entry(*devices):
+    return {"devices": [{"uuid": u, "mem_mib": m, "cores": c} for u, m, c in devices]}
+
+
+def run(annotations, entries=(), env=(), **kw):
+    options = dict(split_count=10, memory_scaling=1.0, policy="binpack")
+    options.update(kw)
+    return [(g.uuid, g.mem_mib, g.cores) for g in allocate(parse(annotations, list(env)), GPUS,
+                                                           list(entries), **options)]
+
+
+@pytest.mark.parametrize("annotations,entries,options,expected", [
+    ({"hami.io/gpumem": "1000"}, [], {}, [("GPU-0", 1000, 0)]),
+    ({"hami.io/gpumem": "1000"}, [entry(("GPU-1", 10, 0))], {}, [("GPU-1", 1000, 0)]),
+    ({"hami.io/gpumem": "1000"}, [entry(("GPU-1", 10, 0))], {"policy": "spread"}, [("GPU-0", 1000, 0)]),
+    ({"hami.io/gpumem-percentage": "50", "hami.io/gpucores": "30"}, [], {}, [("GPU-0", 20480, 30)]),
+    ({"hami.io/gpu": "1"}, [], {}, [("GPU-0", 40960, 0)]),
+    ({"hami.io/gpu": "1"}, [], {"default_memory_mib": 2048, "default_cores": 10}, [("GPU-0", 2048, 10)]),
+    ({"hami.io/gpu": "1"}, [], {"memory_scaling": 2.0}, [("GPU-0", 81920, 0)]),
+    ({"hami.io/gpu": "2", "hami.io/gpumem": "5"}, [], {}, [("GPU-0", 5, 0), ("GPU-1", 5, 0)]),
+    ({"hami.io/gpumem": "5", "hami.io/use-gputype": "h100"}, [], {}, [("GPU-1", 5, 0)]),
+    ({"hami.io/gpumem": "5", "hami.io/nouse-gputype": "a100"}, [], {}, [("GPU-1", 5, 0)]),
+    ({"hami.io/gpumem": "5", "hami.io/gpu-uuid": "GPU-1"}, [], {}, [("GPU-1", 5, 0)]),
+    ({"hami.io/gpumem": "5", "hami.io/nouse-gpu-uuid": "GPU-0"}, [], {}, [("GPU-1", 5, 0)]),
+    ({"hami.io/gpumem": "41000"}, [], {}, [("GPU-1", 41000, 0)]),
+    ({"hami.io/gpucores": "50"}, [entry(("GPU-0", 1, 60))], {}, [("GPU-1", 81920, 50)]),
+    ({"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,300,20:"}, [], {}, [("GPU-1", 300, 20)]),
+])
+def test_allocates(annotations, entries, options, expected):
+    assert run(annotations, entries, **options) == expected
+
+
+def test_env_indices():
+    assert run({}, env=["NVIDIA_VISIBLE_DEVICES=1", "HAMI_GPUMEM=7"]) == [("GPU-1", 7, 0)]
+    assert [u for u, _, _ in run({}, env=["NVIDIA_VISIBLE_DEVICES=all", "HAMI_GPUMEM=7"])] == \
+        ["GPU-0", "GPU-1"]
+
+
+def test_split_count_limits_slots():
+    full = [entry(("GPU-0", 1, 0)) for _ in range(3)]
+    with pytest.raises(HamiError, match="3/3 slots used"):
+        run({"hami.io/gpumem": "1", "hami.io/gpu-uuid": "GPU-0"}, full, split_count=3)
+
+
+@pytest.mark.parametrize("annotations,entries,field,text", [
+    ({"hami.io/gpumem": "90000"}, [], "request", "0 of 1 GPU"),
+    ({"hami.io/gpu": "3"}, [], "request", "2 of 3"),
+    ({"hami.io/gpumem": "1", "hami.io/gpu-uuid": "GPU-9"}, [], "hami.io/gpu-uuid", "no GPU"),
+    ({"hami.io/gpumem": "1", "hami.io/use-gputype": "v100"}, [], "request", "matches"),
+    ({"hami.io/vgpu-devices-allocated": "GPU-7,NVIDIA,1,1:"}, [], "hami.io/vgpu-devices-allocated",
+     "no GPU"),
+    ({"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1,50:"}, [entry(("GPU-0", 1, 60))],
+     "hami.io/vgpu-devices-allocated", "cores"),
+])
+def test_refusals(annotations, entries, field, text):
+    with pytest.raises(HamiError) as caught:
+        run(annotations, entries)
+    assert caught.value.field == field and text in caught.value.line()

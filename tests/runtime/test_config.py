@@ -1,0 +1,87 @@
+"""The config file: defaults, every key, refusals naming the key."""
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from hami_runtime import config
+from hami_runtime.errors import HamiError
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "config.schema.json").read_text())
+
+FULL = """
+runtime = ["/usr/sbin/runc"]
+state_dir = "/run/hami"
+libvgpu = "/usr/local/lib/hami/libvgpu.so"
+split_count = 4
+memory_scaling = 1.5
+default_memory_mib = 1024
+default_cores = 20
+policy = "spread"
+driver_root = "/"
+dev_root = "/dev"
+proc_devices = "/proc/devices"
+nvml_library = ""
+env_requests = false
+log_file = "/var/log/hami.log"
+log_level = "debug"
+hook_command = ["/usr/local/bin/hami-hook"]
+[extra_env]
+FOO = "bar"
+[[extra_mounts]]
+source = "/srv/a"
+destination = "/a"
+readonly = true
+"""
+
+
+def test_full_config(tmp_path, monkeypatch):
+    path = tmp_path / "c.toml"
+    path.write_text(FULL)
+    cfg = config.load(str(path))
+    assert cfg.split_count == 4 and cfg.memory_scaling == 1.5 and cfg.policy == "spread"
+    assert cfg.env_requests is False and cfg.extra_env == {"FOO": "bar"}
+    assert cfg.extra_mounts == [config.ExtraMount("/srv/a", "/a", True)]
+    import tomllib
+    jsonschema.validate(tomllib.loads(FULL), SCHEMA)
+
+
+def test_defaults(monkeypatch):
+    monkeypatch.delenv("HAMI_CONFIG", raising=False)
+    monkeypatch.setattr(config, "DEFAULT_PATH", "/nonexistent/hami.toml")
+    cfg = config.load("/nonexistent/hami.toml")
+    assert cfg.split_count == 10 and cfg.memory_scaling == 1.0 and cfg.policy == "binpack"
+
+
+@pytest.mark.parametrize("text,key", [
+    ("split_count = 0", "config split_count"),
+    ("split_count = \"10\"", "config split_count"),
+    ("memory_scaling = 0", "config memory_scaling"),
+    ("policy = \"random\"", "config policy"),
+    ("state_dir = \"relative/dir\"", "config state_dir"),
+    ("runtime = []", "config runtime"),
+    ("colour = \"blue\"", "config colour"),
+    ("default_cores = 101", "config default_cores"),
+    ("env_requests = \"yes\"", "config env_requests"),
+    ("log_level = \"loud\"", "config log_level"),
+    ("[extra_env]\n\"1BAD\" = \"x\"", "config extra_env.1BAD"),
+    ("[[extra_mounts]]\nsource = \"/a\"", "config extra_mounts[0]"),
+    ("[[extra_mounts]]\nsource = \"/a\"\ndestination = \"/b\"\nmode = 1", "config extra_mounts[0].mode"),
+])
+def test_bad_values_name_the_key(tmp_path, text, key):
+    path = tmp_path / "c.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(HamiError) as caught:
+        config.load(str(path))
+    assert caught.value.field == key
+
+
+def test_runtime_that_is_us_is_refused(tmp_path):
+    me = tmp_path / "hami-runtime"
+    me.write_text("#!/bin/sh\n")
+    me.chmod(0o755)
+    with pytest.raises(HamiError, match="itself"):
+        config.real_runtime(config.Config(runtime=[str(me)]))
+    with pytest.raises(HamiError, match="no executable"):
+        config.real_runtime(config.Config(runtime=[str(tmp_path / "none")]))

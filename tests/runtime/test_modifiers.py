@@ -1,0 +1,92 @@
+"""Each spec modifier on a literal spec, and the composed result against the schema."""
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+
+from hami_runtime import modifiers as m
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "oci-spec.schema.json").read_text())
+
+
+def base():
+    return {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+            "process": {"args": ["sh"], "env": ["PATH=/bin", "LD_LIBRARY_PATH=/opt/lib",
+                                                "NVIDIA_VISIBLE_DEVICES=all"]},
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+            "hooks": {"poststop": [{"path": "/bin/other"}]},
+            "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]}}}
+
+
+INJ = m.Injection(
+    devices=m.device_nodes([3], {"nvidia-frontend": 195, "nvidia-uvm": 511}),
+    mounts=[m.Mount("/host/libcuda.so.1", "/lib/libcuda.so.1", tuple(m.RO_BIND)),
+            m.Mount("/state/c/", m.REGION_DIR, tuple(m.RW_BIND))],
+    env={"CUDA_DEVICE_MEMORY_LIMIT_0": "3000m", "NVIDIA_VISIBLE_DEVICES": "GPU-3"},
+    library_dirs=["/lib"],
+    hook_argv=["/usr/bin/python3", "-I", "-m", "hami_hook", "--state-dir", "/state"],
+    hook_env=["PATH=/usr/bin:/bin"], marker={"id": "c", "devices": []})
+
+
+def test_device_nodes():
+    assert m.device_nodes([0], {}) == [m.DeviceNode("/dev/nvidia0", 195, 0),
+                                       m.DeviceNode("/dev/nvidiactl", 195, 255)]
+    nodes = m.device_nodes([1, 2], {"nvidia-frontend": 195, "nvidia-uvm": 508})
+    assert [n.path for n in nodes] == ["/dev/nvidia1", "/dev/nvidia2", "/dev/nvidiactl",
+                                       "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert nodes[-1] == m.DeviceNode("/dev/nvidia-uvm-tools", 508, 1)
+
+
+def test_add_device_nodes():
+    spec = m.add_device_nodes(base(), INJ)
+    assert {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3, "fileMode": 0o666,
+            "uid": 0, "gid": 0} in spec["linux"]["devices"]
+    assert len(spec["linux"]["devices"]) == 4
+
+
+def test_allow_device_access_keeps_deny_first():
+    rules = m.allow_device_access(base(), INJ)["linux"]["resources"]["devices"]
+    assert rules[0] == {"allow": False, "access": "rwm"}
+    assert {"allow": True, "type": "c", "major": 511, "minor": 1, "access": "rwm"} in rules
+    assert len(rules) == 5
+
+
+def test_add_mounts():
+    mounts = m.add_mounts(base(), INJ)["mounts"]
+    assert mounts[0]["destination"] == "/proc"
+    assert mounts[1] == {"destination": "/lib/libcuda.so.1", "type": "bind",
+                         "source": "/host/libcuda.so.1", "options": ["bind", "ro", "nosuid", "nodev"]}
+    assert mounts[2]["options"][1] == "rw"
+
+
+def test_set_env_replaces_and_appends_library_path():
+    env = m.set_env(base(), INJ)["process"]["env"]
+    assert env == ["PATH=/bin", "CUDA_DEVICE_MEMORY_LIMIT_0=3000m", "NVIDIA_VISIBLE_DEVICES=GPU-3",
+                   "LD_LIBRARY_PATH=/opt/lib:/lib"]
+
+
+def test_hooks_have_their_own_env():
+    hooks = m.add_hooks(base(), INJ)["hooks"]
+    assert hooks["poststop"][0] == {"path": "/bin/other"}
+    ours = hooks["poststop"][1]
+    assert ours["args"][-1] == "poststop" and ours["env"] == ["PATH=/usr/bin:/bin"]
+    assert hooks["createRuntime"][0]["args"][-1] == "createRuntime"
+
+
+def test_marker():
+    spec = m.mark_allocation(base(), INJ)
+    assert json.loads(spec["annotations"][m.MARKER]) == {"id": "c", "devices": []}
+
+
+def test_apply_is_idempotent_and_valid():
+    once = m.apply(base(), INJ)
+    twice = m.apply(copy.deepcopy(once), INJ)
+    assert once == twice
+    jsonschema.validate(once, SCHEMA)
+
+
+def test_apply_leaves_the_input_alone_when_copied():
+    original = base()
+    m.apply(copy.deepcopy(original), INJ)
+    assert original == base()

@@ -1,0 +1,91 @@
+"""Request parsing: annotations and env in, a request or a refusal naming key and value."""
+import pytest
+
+from hami_runtime.errors import HamiError
+from hami_runtime.requests import parse
+
+UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+@pytest.mark.parametrize("annotations,env,expected", [
+    ({}, [], None),
+    ({"io.kubernetes.cri.container-name": "x"}, ["PATH=/bin"], None),
+    ({"hami.io/gpumem": "3000", "hami.io/gpucores": "30"}, [],
+     dict(count=1, mem_mib=3000, cores=30, source="annotations")),
+    ({"nvidia.com/gpumem": "1024"}, [], dict(mem_mib=1024)),
+    ({"hami.io/gpumem": "1024", "nvidia.com/gpumem": "1024"}, [], dict(mem_mib=1024)),
+    ({"hami.io/gpu": "2", "hami.io/gpumem-percentage": "50"}, [], dict(count=2, mem_percentage=50)),
+    ({"hami.io/gpu": "1", "hami.io/gpu-uuid": f"{UUID_A}, {UUID_B}"}, [],
+     dict(use_uuids=(UUID_A, UUID_B))),
+    ({"hami.io/gpu": "1", "hami.io/use-gputype": "A100,H100", "hami.io/nouse-gputype": "MIG"}, [],
+     dict(use_types=("a100", "h100"), avoid_types=("mig",))),
+    ({"hami.io/gpu": "1", "hami.io/core-policy": "force", "hami.io/priority": "0"}, [],
+     dict(core_policy="force", priority=0)),
+    ({"hami.io/vgpu-devices-allocated": f"{UUID_A},NVIDIA,2000,25:;"}, [],
+     dict(count=1, assigned=((UUID_A, 2000, 25),))),
+    ({"hami.io/vgpu-devices-allocated": f"{UUID_A},NVIDIA,2000,25:{UUID_B},NVIDIA,1000,0:"}, [],
+     dict(count=2, assigned=((UUID_A, 2000, 25), (UUID_B, 1000, 0)))),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=all"], dict(count=None, source="env")),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=none", "PATH=/bin"], None),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=void"], None),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0,1", "HAMI_GPUMEM=512", "HAMI_GPUCORES=10"],
+     dict(count=2, use_indices=(0, 1), mem_mib=512, cores=10)),
+    ({}, [f"NVIDIA_VISIBLE_DEVICES={UUID_B}", "HAMI_GPUMEM_PERCENTAGE=25"],
+     dict(count=1, use_uuids=(UUID_B,), mem_percentage=25)),
+    ({}, ["HAMI_GPUMEM=100"], dict(count=1, mem_mib=100)),
+    ({"hami.io/gpumem": "10"}, ["NVIDIA_VISIBLE_DEVICES=all"], dict(count=1, mem_mib=10)),
+])
+def test_parses(annotations, env, expected):
+    request = parse(annotations, env)
+    if expected is None:
+        assert request is None
+        return
+    for name, value in expected.items():
+        got = getattr(request, name)
+        if name == "assigned":
+            got = tuple((d.uuid, d.mem_mib, d.cores) for d in got)
+        assert got == value, name
+
+
+def test_env_requests_can_be_turned_off():
+    assert parse({}, ["NVIDIA_VISIBLE_DEVICES=all"], env_requests=False) is None
+    assert parse({"hami.io/gpu": "1"}, [], env_requests=False).count == 1
+
+
+@pytest.mark.parametrize("annotations,env,key,value", [
+    ({"hami.io/gpumem": "3g"}, [], "hami.io/gpumem", "3g"),
+    ({"hami.io/gpumem": "-1"}, [], "hami.io/gpumem", "-1"),
+    ({"hami.io/gpumem": "0"}, [], "hami.io/gpumem", "0"),
+    ({"hami.io/gpucores": "101"}, [], "hami.io/gpucores", "101"),
+    ({"hami.io/gpu": "0"}, [], "hami.io/gpu", "0"),
+    ({"hami.io/gpu": "17"}, [], "hami.io/gpu", "17"),
+    ({"hami.io/gpumem-percentage": "120"}, [], "hami.io/gpumem-percentage", "120"),
+    ({"hami.io/gpumem": "1", "hami.io/gpumem-percentage": "5"}, [], "hami.io/gpumem-percentage", "5"),
+    ({"hami.io/gpumem": "1", "nvidia.com/gpumem": "2"}, [], "nvidia.com/gpumem", "2"),
+    ({"hami.io/gpu": "1", "hami.io/core-policy": "max"}, [], "hami.io/core-policy", "max"),
+    ({"hami.io/gpu": "1", "hami.io/priority": "2"}, [], "hami.io/priority", "2"),
+    ({"hami.io/gpu": "1", "hami.io/gpu-uuid": UUID_A, "hami.io/nouse-gpu-uuid": UUID_A}, [],
+     "hami.io/nouse-gpu-uuid", UUID_A),
+    ({"hami.io/gpu": "1", "hami.io/gpu-uuid": "../etc"}, [], "hami.io/gpu-uuid", "../etc"),
+    ({"hami.io/vgpu-devices-allocated": f"{UUID_A},NVIDIA,1,1:;{UUID_B},NVIDIA,1,1:;"}, [],
+     "hami.io/vgpu-devices-allocated", None),
+    ({"hami.io/vgpu-devices-allocated": f"{UUID_A},AMD,1,1:;"}, [],
+     "hami.io/vgpu-devices-allocated", None),
+    ({"hami.io/vgpu-devices-allocated": f"{UUID_A},NVIDIA,lots,1:"}, [],
+     "hami.io/vgpu-devices-allocated", None),
+    ({"hami.io/gpu": "2", "hami.io/vgpu-devices-allocated": f"{UUID_A},NVIDIA,1,1:"}, [],
+     "hami.io/gpu", "2"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0,GPU-x"], "NVIDIA_VISIBLE_DEVICES", "0,GPU-x"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=zero"], "NVIDIA_VISIBLE_DEVICES", "zero"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0", "HAMI_GPUMEM=1.5"], "HAMI_GPUMEM", "1.5"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=none", "HAMI_GPUMEM=5"], "HAMI_GPUMEM", "5"),
+    ({}, ["HAMI_GPUMEM=5", "HAMI_GPUMEM_PERCENTAGE=5"], "HAMI_GPUMEM_PERCENTAGE", "5"),
+])
+def test_refuses_naming_key_and_value(annotations, env, key, value):
+    with pytest.raises(HamiError) as caught:
+        parse(annotations, env)
+    assert caught.value.field == key
+    if value is not None:
+        assert caught.value.value == value
+    assert "\n" not in caught.value.line() and key in caught.value.line()
