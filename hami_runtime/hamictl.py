@@ -108,3 +108,5 @@ def main(argv=None) -> int:
 
 # Commands from other modules register here, one line each:
 # from .top import top; cli.add_command(top)
+from .top import top_command; cli.add_command(top_command)  # noqa: E402
+from .metrics import metrics_command; cli.add_command(metrics_command)  # noqa: E402

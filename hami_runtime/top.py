@@ -182,10 +182,14 @@ def state_dir_option(func):
 
 
 def resolve_state_dir(state_dir: Optional[str]) -> str:
+    """--state-dir, else the config's (hamictl --config, $HAMI_CONFIG, the default file)."""
     if state_dir:
         return state_dir
     from . import config
-    return config.load().state_dir
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root().obj if ctx else None
+    path = root.get("config_path") if isinstance(root, dict) else None
+    return config.load(path).state_dir
 
 
 @click.command("top")

@@ -177,3 +177,12 @@ def test_metrics_command_serves_until_sigterm(state_dir):
             proc.kill()
             proc.wait(timeout=10)
         proc.stderr.close()
+
+
+def test_hamictl_top_uses_the_config_state_dir(state_dir, tmp_path_factory, capsys):
+    from hami_runtime import hamictl
+    cfg = tmp_path_factory.mktemp("cfg") / "hami.toml"
+    cfg.write_text(f'state_dir = "{state_dir}"\n')
+    assert hamictl.main(["--config", str(cfg), "top", "--interval", "0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert sorted(c["id"] for c in data["containers"]) == sorted([CID_A, CID_B])
