@@ -1,0 +1,150 @@
+"""Fixtures: a busybox (+ glibc) rootfs, bundles, a private runc root and a
+runtime config for the simulated GPU with its state under the test's tmp dir."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BUILD, LIBVGPU, ROOT, SIM
+
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+SIM_CONFIG = SIM / "hami.toml"
+CUDA_ALLOC = BUILD / "runtime-tests" / "cuda_alloc"
+RUNTIME = [sys.executable, "-m", "hami_runtime"]
+HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.hamictl import main; sys.exit(main())"]
+APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink")
+TIMEOUT = 60
+
+
+def needs_sim():
+    missing = [p for p in (SIM_CONFIG, SIM / "lib" / "libnvidia-ml.so.1", LIBVGPU) if not p.exists()]
+    if missing:
+        pytest.skip(f"run `make build sim` first: missing {missing[0]}")
+
+
+@pytest.fixture(scope="session")
+def rootfs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rootfs")
+    (root / "bin").mkdir()
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    # glibc for the test program: copied from the host, at the host's paths.
+    for lib in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"):
+        if os.path.exists(lib):
+            target = root / lib.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(lib), target)
+    if CUDA_ALLOC.exists():
+        shutil.copy2(CUDA_ALLOC, root / "bin" / "cuda_alloc")
+    for d in ("proc", "sys", "dev", "tmp", "etc"):
+        (root / d).mkdir(exist_ok=True)
+    return root
+
+
+class Node:
+    """One test's node: config, state dir, runc root, bundles, commands."""
+
+    def __init__(self, tmp, rootfs, template):
+        self.tmp = tmp
+        self.rootfs = rootfs
+        self.template = template
+        self.state_dir = tmp / "state"
+        self.runc_root = tmp / "runc-root"
+        self.config = tmp / "hami.toml"
+        self.write_config()
+
+    def write_config(self, **overrides):
+        text = SIM_CONFIG.read_text().replace(str(SIM / "state"), str(self.state_dir))
+        lines = []
+        for line in text.splitlines():
+            key = line.split("=", 1)[0].strip()
+            if key in overrides:
+                continue
+            lines.append(line)
+        head = [f"{k} = {json.dumps(v)}" for k, v in overrides.items()]
+        self.config.write_text("\n".join(head + lines) + "\n")
+
+    @property
+    def env(self):
+        env = dict(os.environ)
+        env["HAMI_CONFIG"] = str(self.config)
+        env["HAMI_SIM_STATE"] = str(SIM / "shared" / "gpu.state")
+        return env
+
+    def bundle(self, name, annotations=None, env=(), args=("sleep", "60")):
+        path = self.tmp / "bundles" / name
+        path.mkdir(parents=True)
+        spec = json.loads(json.dumps(self.template))
+        spec["root"] = {"path": str(self.rootfs), "readonly": False}
+        spec["process"]["args"] = list(args)
+        spec["process"]["env"] += list(env)
+        if annotations:
+            spec["annotations"] = dict(annotations)
+        (path / "config.json").write_text(json.dumps(spec, indent=2))
+        return path
+
+    def runtime(self, *args, log_format=None, capture=True, timeout=TIMEOUT, cmd=None):
+        """hami-runtime with our root; stdio are files, never pipes (create's
+        container inherits them)."""
+        argv = list(cmd or RUNTIME) + ["--root", str(self.runc_root), "--log", str(self.tmp / "runc.log")]
+        if log_format:
+            argv += ["--log-format", log_format]
+        out, err = self.tmp / "out", self.tmp / "err"
+        with open(out, "wb") as o, open(err, "wb") as e:
+            proc = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, stdout=o, stderr=e,
+                                  env=self.env, timeout=timeout, cwd=self.tmp)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(),
+                                           err.read_text())
+
+    def create(self, cid, bundle, **kw):
+        return self.runtime("create", "--bundle", str(bundle), cid, **kw)
+
+    def hamictl(self, *args):
+        proc = subprocess.run(HAMICTL + list(args), capture_output=True, text=True, env=self.env,
+                              timeout=TIMEOUT)
+        return proc
+
+    def ps(self):
+        proc = self.hamictl("ps", "--json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def allocations(self):
+        try:
+            return json.loads((self.state_dir / "allocations.json").read_text())["allocations"]
+        except FileNotFoundError:
+            return {}
+
+    def containers(self):
+        proc = subprocess.run([RUNC, "--root", str(self.runc_root), "list", "-q"],
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        return proc.stdout.split()
+
+    def cleanup(self):
+        for cid in self.containers():
+            subprocess.run([RUNC, "--root", str(self.runc_root), "delete", "-f", cid],
+                           capture_output=True, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="session")
+def spec_template(tmp_path_factory):
+    where = tmp_path_factory.mktemp("spec")
+    subprocess.run([RUNC, "spec"], cwd=where, check=True, timeout=TIMEOUT)
+    spec = json.loads((where / "config.json").read_text())
+    spec["process"]["terminal"] = False
+    return spec
+
+
+@pytest.fixture
+def node(tmp_path, rootfs, spec_template):
+    needs_sim()
+    n = Node(tmp_path, rootfs, spec_template)
+    yield n
+    n.cleanup()

@@ -1,0 +1,78 @@
+"""hami-runtime with real runc on the simulated GPU: what a GPU container gets,
+what hamictl shows, and that delete frees everything."""
+import json
+import os
+
+import jsonschema
+import pytest
+
+from tests.conftest import ROOT
+from .conftest import CUDA_ALLOC
+
+SCHEMAS = ROOT / "schemas"
+GPU = {"hami.io/gpumem": "3000", "hami.io/gpucores": "30"}
+CHECKS = ("test -c /dev/nvidia0 && echo DEV=ok; env; echo PRELOAD=$(cat /etc/ld.so.preload); "
+          "test -f /usr/local/vgpu/libvgpu.so && echo LIB=ok; "
+          "test -f $CUDA_DEVICE_MEMORY_SHARED_CACHE && echo REGION=ok")
+
+
+def check_inside(output):
+    lines = output.splitlines()
+    for expected in ("DEV=ok", "CUDA_DEVICE_MEMORY_LIMIT_0=3000m", "CUDA_DEVICE_SM_LIMIT=30",
+                     "LIB=ok", "PRELOAD=/usr/local/vgpu/libvgpu.so", "REGION=ok",
+                     "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/shared/vgpu.region"):
+        assert expected in lines, (expected, output)
+
+
+def test_run_foreground_then_released(node):
+    bundle = node.bundle("fg", GPU, args=("sh", "-c", CHECKS))
+    proc = node.runtime("run", "--bundle", str(bundle), "fg")
+    assert proc.returncode == 0, proc.stderr
+    check_inside(proc.stdout)
+    assert node.ps() == [] and node.allocations() == {}
+    assert os.listdir(node.state_dir / "containers") == []
+
+
+def test_detached_container_shown_then_deleted(node):
+    bundle = node.bundle("c1", GPU)
+    proc = node.runtime("run", "--detach", "--bundle", str(bundle), "c1")
+    assert proc.returncode == 0, proc.stderr
+    inside = node.runtime("exec", "c1", "sh", "-c", CHECKS)
+    assert inside.returncode == 0, inside.stderr
+    check_inside(inside.stdout)
+    [row] = node.ps()
+    assert (row["container"], row["gpu"], row["memory_mib"], row["cores"]) == ("c1", 0, 3000, 30)
+    assert row["pid"] > 0  # recorded by the createRuntime hook
+    table = node.hamictl("ps").stdout
+    assert "c1" in table and "3000MiB" in table
+    gpus = json.loads(node.hamictl("gpus", "--json").stdout)
+    assert (gpus[0]["slots_used"], gpus[0]["memory_allocated_mib"]) == (1, 3000)
+    # The edited spec and the state file match their schemas.
+    spec = json.loads((bundle / "config.json").read_text())
+    jsonschema.validate(spec, json.loads((SCHEMAS / "oci-spec.schema.json").read_text()))
+    jsonschema.validate(json.loads((node.state_dir / "allocations.json").read_text()),
+                        json.loads((SCHEMAS / "state.schema.json").read_text()))
+    assert node.runtime("delete", "--force", "c1").returncode == 0
+    assert node.ps() == [] and node.containers() == []
+    assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
+
+
+def test_no_request_spec_untouched(node):
+    bundle = node.bundle("plain", args=("true",))
+    before = (bundle / "config.json").read_bytes()
+    proc = node.runtime("run", "--bundle", str(bundle), "plain")
+    assert proc.returncode == 0, proc.stderr
+    assert (bundle / "config.json").read_bytes() == before
+    assert node.allocations() == {}
+
+
+@pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")
+def test_full_chain_limit_enforced_in_container(node):
+    """annotation -> allocator -> spec -> libvgpu -> refusal past the limit."""
+    bundle = node.bundle("chain", GPU, args=("cuda_alloc", "1000", "1000", "1500", "500"))
+    proc = node.runtime("run", "--bundle", str(bundle), "chain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [line.split() for line in proc.stdout.splitlines() if line.startswith("alloc ")]
+    assert results[0] == ["alloc", "1000", "0"] and results[1] == ["alloc", "1000", "0"]
+    assert results[2] == ["alloc", "1500", "2"]  # CUDA_ERROR_OUT_OF_MEMORY: past 3000 MiB
+    assert "total 3000" in proc.stdout.splitlines()
