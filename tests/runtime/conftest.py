@@ -90,7 +90,7 @@ class Node:
         (path / "config.json").write_text(json.dumps(spec, indent=2))
         return path
 
-    def runtime(self, *args, log_format=None, capture=True, timeout=TIMEOUT, cmd=None):
+    def runtime(self, *args, log_format=None, timeout=TIMEOUT, cmd=None, env=None):
         """hami-runtime with our root; stdio are files, never pipes (create's
         container inherits them)."""
         argv = list(cmd or RUNTIME) + ["--root", str(self.runc_root), "--log", str(self.tmp / "runc.log")]
@@ -99,7 +99,7 @@ class Node:
         out, err = self.tmp / "out", self.tmp / "err"
         with open(out, "wb") as o, open(err, "wb") as e:
             proc = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, stdout=o, stderr=e,
-                                  env=self.env, timeout=timeout, cwd=self.tmp)
+                                  env={**self.env, **(env or {})}, timeout=timeout, cwd=self.tmp)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(),
                                            err.read_text())
 
@@ -140,6 +140,14 @@ def spec_template(tmp_path_factory):
     spec = json.loads((where / "config.json").read_text())
     spec["process"]["terminal"] = False
     return spec
+
+
+@pytest.fixture(scope="module")
+def module_node(tmp_path_factory, rootfs, spec_template):
+    needs_sim()
+    n = Node(tmp_path_factory.mktemp("node"), rootfs, spec_template)
+    yield n
+    n.cleanup()
 
 
 @pytest.fixture

@@ -1,0 +1,113 @@
+"""Bad input: exit 1, one clear line naming the field and the value, the runc
+JSON log line, and the state exactly as it was (one live GPU container in it)."""
+import json
+import os
+
+import pytest
+
+GPU_UUID_UNKNOWN = "GPU-ffffffff-0000-0000-0000-000000000000"
+
+
+def annotated(node, name, annotations, env=()):
+    return node.bundle(name, annotations, env=env)
+
+
+def raw_bundle(node, name, text):
+    path = node.tmp / "bundles" / name
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(text)
+    return path
+
+
+def config_with(node, name, **overrides):
+    saved = node.config
+    node.config = node.tmp / f"{name}.toml"
+    node.write_config(**overrides)
+    path, node.config = node.config, saved
+    return path
+
+
+CASES = [
+    # (case id, how to make the bundle, container id, config overrides, expected field, value)
+    ("mem-not-number", {"hami.io/gpumem": "3g"}, None, None, "hami.io/gpumem", "3g"),
+    ("mem-negative", {"hami.io/gpumem": "-100"}, None, None, "hami.io/gpumem", "-100"),
+    ("cores-out-of-range", {"hami.io/gpucores": "150"}, None, None, "hami.io/gpucores", "150"),
+    ("gpu-zero", {"hami.io/gpu": "0"}, None, None, "hami.io/gpu", "0"),
+    ("mem-too-big", {"hami.io/gpumem": "20000"}, None, None, "request", "hami.io/gpumem=20000"),
+    ("unknown-uuid", {"hami.io/gpu-uuid": GPU_UUID_UNKNOWN, "hami.io/gpumem": "10"}, None, None,
+     "hami.io/gpu-uuid", GPU_UUID_UNKNOWN),
+    ("mem-and-percentage", {"hami.io/gpumem": "10", "hami.io/gpumem-percentage": "10"}, None, None,
+     "hami.io/gpumem-percentage", "10"),
+    ("alias-conflict", {"hami.io/gpumem": "10", "nvidia.com/gpumem": "20"}, None, None,
+     "nvidia.com/gpumem", "20"),
+    ("bad-policy", {"hami.io/gpumem": "10", "hami.io/core-policy": "max"}, None, None,
+     "hami.io/core-policy", "max"),
+    ("ambiguous-decision", {"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1,1:;GPU-b,NVIDIA,1,1:;"},
+     None, None, "hami.io/vgpu-devices-allocated", None),
+    ("env-unknown-index", "env:NVIDIA_VISIBLE_DEVICES=7", None, None, "NVIDIA_VISIBLE_DEVICES", "7"),
+    ("env-bad-mem", "env:HAMI_GPUMEM=lots", None, None, "HAMI_GPUMEM", "lots"),
+    ("id-dotdot", {"hami.io/gpumem": "10"}, "../x", None, "container id", "../x"),
+    ("id-slash", {"hami.io/gpumem": "10"}, "a/b", None, "container id", "a/b"),
+    ("id-dot", {"hami.io/gpumem": "10"}, ".hidden", None, "container id", ".hidden"),
+    ("id-in-use", {"hami.io/gpumem": "10"}, "live", None, "container id", "live"),
+    ("malformed-config-json", "raw:{not json", None, None, "config.json", None),
+    ("annotations-not-strings", 'raw:{"ociVersion":"1.0.2","annotations":{"hami.io/gpu":1}}',
+     None, None, "config.json annotations", None),
+    ("no-config-json", "raw:", None, None, "bundle", None),
+    ("unreadable-config", {"hami.io/gpumem": "10"}, None, "missing", "HAMI_CONFIG", None),
+    ("bad-config-value", {"hami.io/gpumem": "10"}, None, {"split_count": 0}, "config split_count", "0"),
+    ("unknown-config-key", {"hami.io/gpumem": "10"}, None, {"colour": "red"}, "config colour", "red"),
+    ("missing-runc", {"hami.io/gpumem": "10"}, None, {"runtime": ["/nonexistent/runc"]},
+     "config runtime", "/nonexistent/runc"),
+    ("missing-libvgpu", {"hami.io/gpumem": "10"}, None, {"libvgpu": "/nonexistent/libvgpu.so"},
+     "config libvgpu", "/nonexistent/libvgpu.so"),
+]
+
+
+@pytest.fixture(scope="module")
+def busy(module_node):
+    """A node with one live GPU container, so 'unchanged' means something."""
+    bundle = module_node.bundle("live", {"hami.io/gpumem": "1000"})
+    proc = module_node.create("live", bundle)
+    assert proc.returncode == 0, proc.stderr
+    return module_node
+
+
+def snapshot(node):
+    files = {}
+    for sub in ("containers", "private"):
+        base = node.state_dir / sub
+        for cid in sorted(os.listdir(base)):
+            files[f"{sub}/{cid}"] = sorted(os.listdir(base / cid))
+    return (node.state_dir / "allocations.json").read_bytes(), files, node.containers()
+
+
+@pytest.mark.parametrize("case,make,cid,config,field,value", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(busy, case, make, cid, config, field, value):
+    node = busy
+    if isinstance(make, dict):
+        bundle = annotated(node, case, make)
+    elif make.startswith("env:"):
+        bundle = annotated(node, case, None, env=[make[4:]])
+    elif make == "raw:":
+        bundle = node.tmp / "bundles" / case
+        bundle.mkdir(parents=True)
+    else:
+        bundle = raw_bundle(node, case, make[4:])
+    env = {}
+    if config == "missing":
+        env["HAMI_CONFIG"] = str(node.tmp / "no-such-config.toml")
+    elif config:
+        env["HAMI_CONFIG"] = str(config_with(node, case, **config))
+    before = snapshot(node)
+    log = node.tmp / "runc.log"
+    log.write_text("")
+    proc = node.create(cid or case, bundle, log_format="json", env=env)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert field in lines[0] and (value is None or value in lines[0]), lines[0]
+    [logged] = log.read_text().splitlines()
+    entry = json.loads(logged)
+    assert entry["level"] == "error" and field in entry["msg"] and entry["time"]
+    assert snapshot(node) == before
