@@ -1,0 +1,75 @@
+"""podman --runtime hami (examples/podman/containers.conf as it is, install path aside)."""
+import os
+import re
+
+import pytest
+
+from tests.engines.conftest import IMAGE, MiB, PROBE, Daemon, need, run, wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Podman:
+    def __init__(self, binary, root, env):
+        self.binary, self.root, self.env = binary, root, env
+
+    def __call__(self, *args, timeout=120, check=False):
+        return run([self.binary, "--root", self.root / "storage", "--runroot", self.root / "run",
+                    "--tmpdir", self.root / "tmp", *args], timeout=timeout, check=check, env=self.env)
+
+    def gpu_run(self, *args, **kwargs):
+        return self("run", "--runtime", "hami", "--network", "none", *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def podman(engines_installed, hami, probe_image, tmp_path_factory):
+    binary = need("podman", engines_installed)
+    root = tmp_path_factory.mktemp("podman")
+    conf = hami.render("podman/containers.conf", root / "containers.conf")
+    storage = root / "storage.conf"
+    storage.write_text(f'[storage]\ndriver = "overlay"\nrunroot = "{root / "run"}"\n'
+                       f'graphroot = "{root / "storage"}"\n')
+    env = dict(os.environ, CONTAINERS_CONF=str(conf), CONTAINERS_STORAGE_CONF=str(storage))
+    engine = Podman(binary, root, env)
+    # podman has no daemon; Daemon is used for its cleanup of what conmon leaves.
+    leftovers = Daemon("podman", root, [])
+    try:
+        engine("import", probe_image / "rootfs.tar", IMAGE, check=True)
+        yield engine
+    finally:
+        engine("rm", "--all", "--force", "--time", "0", timeout=120)
+        leftovers.stop()
+
+
+def test_annotation_limits_are_inside(podman, hami):
+    result = podman.gpu_run("--rm", "--annotation", "hami.io/gpumem=1024", IMAGE, "/bin/sh", "-c",
+                            f"env; {PROBE} fill")
+    assert result.returncode == 0, result.stderr
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=1024m" in result.stdout
+    assert "total 1024 MiB" in result.stdout
+    got = int(re.search(r"allocated (\d+) MiB; the next 1 MiB was refused: "
+                        r"CUDA_ERROR_OUT_OF_MEMORY", result.stdout).group(1))
+    free = int(re.search(r"total 1024 MiB, free (\d+) MiB before filling", result.stdout).group(1))
+    assert free - 2 <= got <= free
+    hami.assert_nothing_allocated()
+
+
+def test_rm_releases_the_allocation(podman, hami):
+    name = "hami-podman-rm"
+    result = podman.gpu_run("-d", "--name", name, "--annotation", "hami.io/gpumem=2048",
+                            "--annotation", "hami.io/gpucores=30", IMAGE, "sleep", "60")
+    assert result.returncode == 0, result.stderr
+    cid = result.stdout.strip()
+    allocation = hami.allocations()[cid]
+    assert [(d["mem_mib"], d["cores"]) for d in allocation["devices"]] == [(2048, 30)]
+    assert hami.region_dirs() == [cid]
+    podman("rm", "--force", "--time", "0", name, check=True)
+    wait_for(lambda: hami.allocations() == {}, 10, "the allocation to be released")
+    hami.assert_nothing_allocated()
+
+
+def test_bad_request_shows_our_message(podman, hami):
+    result = podman.gpu_run("--rm", "--annotation", "hami.io/gpumem=banana", IMAGE, "true")
+    assert result.returncode != 0
+    assert re.search(r"hami\.io/gpumem.*banana", result.stderr), result.stderr
+    hami.assert_nothing_allocated()
