@@ -52,6 +52,7 @@ static void ctx_stop(struct sim_ctx *c)
     c->null_stream = NULL;
     sim_pools_release_ctx(c);
     sim_free_ctx_allocations(c);
+    sim_free_ctx_arrays(c);
     sim_uncharge(c->dev, sim_config()->context_mib * SIM_MIB);
     sim_context_count(c->dev, -1);
 }

@@ -48,7 +48,12 @@ void sim_alloc_release(struct sim_alloc *a)
     free(a);
 }
 
-static int owned_by_ctx(void *val, void *arg) { return ((struct sim_alloc *)val)->ctx == arg; }
+/* Stream-ordered (pool) allocations outlive their context, as on the real driver. */
+static int owned_by_ctx(void *val, void *arg)
+{
+    struct sim_alloc *a = val;
+    return a->ctx == arg && !a->pool;
+}
 
 void sim_free_ctx_allocations(struct sim_ctx *ctx)
 {
@@ -192,7 +197,7 @@ static CUresult device_range(CUdeviceptr ptr, size_t len, struct sim_ctx **ctx)
         return rc;
     if (len == 0)
         return CUDA_SUCCESS;
-    if (!sim_alloc_containing((uintptr_t)ptr, len))
+    if (!sim_alloc_containing((uintptr_t)ptr, len) && !sim_vmm_accessible((uintptr_t)ptr, len))
         return CUDA_ERROR_INVALID_VALUE;
     sim_ctx_sync(*ctx);
     return CUDA_SUCCESS;

@@ -1,6 +1,333 @@
-/* Driver API: stream-ordered allocation pools (filled in below). */
+/*
+ * Driver API: stream-ordered allocation and memory pools. A pool reserves device
+ * memory in 32 MiB granules (2 MiB pages when a granule no longer fits) and keeps
+ * freed memory reserved: at synchronisation points it gives back what is above
+ * its release threshold (default 0), and cuMemPoolTrimTo gives back on request.
+ * The reservation is what the device is charged, as on the real driver.
+ */
 #include "sim.h"
 
-void sim_pools_release_ctx(struct sim_ctx *ctx) { (void)ctx; }
-void sim_pools_sync_trim(int dev) { (void)dev; }
-CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s) { (void)a; (void)s; return CUDA_ERROR_INVALID_VALUE; }
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define POOL_GRANULE (32 * SIM_MIB)
+#define POOL_ALIGN 512
+
+struct sim_pool {
+    int dev;
+    int is_default;
+    uint64_t max_size;                   /* 0: no limit */
+    uint64_t reserved, reserved_high, used, used_high, release_threshold;
+    int reuse[3];                        /* the three REUSE_* flags: stored, not acted on */
+    struct sim_pool *next;
+};
+
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_pool *pools;
+static struct sim_pool *default_pool[SIM_MAX_DEVICES];
+
+static uint64_t pool_bytes(size_t size) { return sim_round_up(size, POOL_ALIGN); }
+
+static struct sim_pool *pool_new(int dev, int is_default, uint64_t max_size)
+{
+    struct sim_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->dev = dev;
+    p->is_default = is_default;
+    p->max_size = max_size;
+    p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
+    p->next = pools;
+    pools = p;
+    sim_handle_put((uintptr_t)p, SIM_KIND_POOL, p);
+    return p;
+}
+
+static struct sim_pool *default_pool_of(int dev)
+{
+    pthread_mutex_lock(&pools_lock);
+    if (!default_pool[dev])
+        default_pool[dev] = pool_new(dev, 1, 0);
+    struct sim_pool *p = default_pool[dev];
+    pthread_mutex_unlock(&pools_lock);
+    return p;
+}
+
+/* Gives back reservation above max(keep, what is in use) (pools_lock held). */
+static void trim_locked(struct sim_pool *p, uint64_t keep)
+{
+    uint64_t floor = sim_round_up(p->used, 2 * SIM_MIB);
+    if (keep < floor)
+        keep = floor;
+    if (p->reserved > keep) {
+        sim_uncharge(p->dev, p->reserved - keep);
+        p->reserved = keep;
+    }
+}
+
+void sim_pools_sync_trim(int dev)
+{
+    pthread_mutex_lock(&pools_lock);
+    for (struct sim_pool *p = pools; p; p = p->next)
+        if (p->dev == dev)
+            trim_locked(p, p->release_threshold);
+    pthread_mutex_unlock(&pools_lock);
+}
+
+void sim_pools_release_ctx(struct sim_ctx *ctx)
+{
+    (void)ctx;  /* stream-ordered allocations outlive their context, as on the real driver */
+}
+
+static CUresult pool_alloc(struct sim_pool *p, size_t size, struct sim_ctx *ctx, CUdeviceptr *out)
+{
+    uint64_t bytes = pool_bytes(size);
+    size_t mapped = sim_round_up(size, 4096);
+    void *mem = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    struct sim_alloc *a = mem == MAP_FAILED ? NULL : malloc(sizeof *a);
+    if (!a) {
+        if (mem != MAP_FAILED)
+            munmap(mem, mapped);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&pools_lock);
+    if (p->used + bytes > p->reserved) {
+        uint64_t need = p->used + bytes - p->reserved;
+        uint64_t grow = sim_round_up(need, POOL_GRANULE);
+        if (p->max_size && p->reserved + grow > p->max_size)
+            grow = sim_round_up(need, 2 * SIM_MIB);
+        if (p->max_size && p->reserved + grow > p->max_size)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else if (sim_charge(p->dev, grow) < 0) {
+            grow = sim_round_up(need, 2 * SIM_MIB);
+            if (sim_charge(p->dev, grow) < 0)
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (rc == CUDA_SUCCESS) {
+            p->reserved += grow;
+            if (p->reserved > p->reserved_high)
+                p->reserved_high = p->reserved;
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        p->used += bytes;
+        if (p->used > p->used_high)
+            p->used_high = p->used;
+    }
+    pthread_mutex_unlock(&pools_lock);
+    if (rc != CUDA_SUCCESS) {
+        munmap(mem, mapped);
+        free(a);
+        return rc;
+    }
+    *a = (struct sim_alloc){.base = (uintptr_t)mem, .size = size, .mapped = mapped, .charged = 0,
+                            .dev = p->dev, .ctx = ctx, .pool = p};
+    sim_handle_put(a->base, SIM_KIND_ALLOC, a);
+    *out = (CUdeviceptr)a->base;
+    return CUDA_SUCCESS;
+}
+
+static void pool_return(void *arg)
+{
+    struct sim_alloc *a = arg;
+    pthread_mutex_lock(&pools_lock);
+    a->pool->used -= pool_bytes(a->size);
+    pthread_mutex_unlock(&pools_lock);
+    munmap((void *)a->base, a->mapped);
+    free(a);
+}
+
+CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s)
+{
+    if (!sim_handle_take(a->base, SIM_KIND_ALLOC))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s)
+        sim_stream_enqueue_call(s, pool_return, a);
+    else
+        pool_return(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    SIM_REQUIRE_INIT();
+    if (!pool_out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= sim_config()->devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct sim_pool *p = default_pool_of(dev);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pool_out = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct sim_pool *p, CUstream hStream)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dptr || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_ctx *ctx = sim_stream_ctx(s);
+    if (!p && !(p = default_pool_of(ctx->dev)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return pool_alloc(p, bytesize, ctx, dptr);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, NULL, hStream);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return cuMemAllocAsync(dptr, bytesize, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_pool *p = sim_handle_get((uintptr_t)pool, SIM_KIND_POOL);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_async(dptr, bytesize, p, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+}
+
+static void release_plain(void *arg) { sim_alloc_release(arg); }
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct sim_alloc *a = sim_handle_get((uintptr_t)dptr, SIM_KIND_ALLOC);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!a->pool) {
+        /* memory from cuMemAlloc may be freed in stream order too */
+        if (!sim_handle_take(a->base, SIM_KIND_ALLOC))
+            return CUDA_ERROR_INVALID_VALUE;
+        sim_stream_enqueue_call(s, release_plain, a);
+        return CUDA_SUCCESS;
+    }
+    return sim_pool_free(a, s);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return cuMemFreeAsync(dptr, hStream); }
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    SIM_REQUIRE_INIT();
+    if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE || poolProps->location.id < 0 ||
+        poolProps->location.id >= sim_config()->devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_lock);
+    struct sim_pool *p = pool_new(poolProps->location.id, 0, poolProps->maxSize);
+    pthread_mutex_unlock(&pools_lock);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+static int alloc_of_pool(void *val, void *arg) { return ((struct sim_alloc *)val)->pool == arg; }
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_pool *p = sim_handle_get((uintptr_t)pool, SIM_KIND_POOL);
+    if (!p || p->is_default)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_handle_take((uintptr_t)p, SIM_KIND_POOL);
+    struct sim_alloc *a;
+    while ((a = sim_handle_find(SIM_KIND_ALLOC, alloc_of_pool, p)))
+        sim_pool_free(a, NULL);
+    pthread_mutex_lock(&pools_lock);
+    for (struct sim_pool **pp = &pools; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    trim_locked(p, 0);
+    pthread_mutex_unlock(&pools_lock);
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_pool *p = sim_handle_get((uintptr_t)pool, SIM_KIND_POOL);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_lock);
+    trim_locked(p, minBytesToKeep);
+    pthread_mutex_unlock(&pools_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_pool *p = sim_handle_get((uintptr_t)pool, SIM_KIND_POOL);
+    if (!p || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&pools_lock);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *(int *)value = p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+        break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->release_threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = p->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = p->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = p->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = p->used_high; break;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&pools_lock);
+    return rc;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_pool *p = sim_handle_get((uintptr_t)pool, SIM_KIND_POOL);
+    if (!p || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&pools_lock);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] = *(int *)value != 0;
+        break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->release_threshold = *(cuuint64_t *)value; break;
+    /* the high watermarks can only be reset, to the current value */
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        if (*(cuuint64_t *)value) rc = CUDA_ERROR_INVALID_VALUE; else p->reserved_high = p->reserved;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (*(cuuint64_t *)value) rc = CUDA_ERROR_INVALID_VALUE; else p->used_high = p->used;
+        break;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&pools_lock);
+    return rc;
+}

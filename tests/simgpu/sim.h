@@ -134,16 +134,16 @@ struct sim_alloc {
 extern int sim_cuda_initialised;
 #define SIM_REQUIRE_INIT() do { if (!sim_cuda_initialised) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
 
-/* sim_context.c */
+/* cu_context.c */
 struct sim_ctx *sim_ctx_check(CUcontext ctx);     /* NULL unless a live context */
 struct sim_ctx *sim_ctx_current(void);            /* NULL when none or not live */
 CUresult sim_ctx_current_checked(struct sim_ctx **out);
-/* sim_memory.c */
+/* cu_memory.c */
 CUresult sim_alloc_device(struct sim_ctx *ctx, size_t size, CUdeviceptr *out);
 void sim_free_ctx_allocations(struct sim_ctx *ctx);
 void sim_alloc_release(struct sim_alloc *a);
 struct sim_alloc *sim_alloc_containing(uintptr_t addr, size_t len);
-/* sim_stream.c */
+/* cu_stream.c */
 struct sim_stream *sim_stream_new(struct sim_ctx *ctx, unsigned flags);
 void sim_stream_free(struct sim_stream *s);
 /* Resolves a CUstream (NULL, legacy, per-thread or a handle) to a live stream. */
@@ -155,7 +155,11 @@ struct sim_ctx *sim_stream_ctx(struct sim_stream *s);
 /* Queues a kernel of `dur_us` microseconds; fn (may be NULL) runs on the worker in order. */
 void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us);
 void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg);
-/* sim_pool.c */
+/* cu_vmm.c: whether [addr, addr+len) is mapped VMM memory with read/write access */
+int sim_vmm_accessible(uintptr_t addr, size_t len);
+/* cu_array.c */
+void sim_free_ctx_arrays(struct sim_ctx *ctx);
+/* cu_pool.c */
 void sim_pools_release_ctx(struct sim_ctx *ctx);
 void sim_pools_sync_trim(int dev);
 CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s);

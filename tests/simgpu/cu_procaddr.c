@@ -1,0 +1,149 @@
+/*
+ * cuGetProcAddress(_v2): a base name and the caller's CUDA version pick the
+ * versioned export (the row with the highest minimum version not above it);
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM picks that row's per-thread
+ * form where one exists.
+ *
+ * The one list: X(base name, export, minimum CUDA version, per-thread export or NULL).
+ */
+#include "sim.h"
+
+#include <string.h>
+
+#define SIM_PROCS(X) \
+    X(cuInit, cuInit, 2000, NULL) \
+    X(cuDriverGetVersion, cuDriverGetVersion, 2020, NULL) \
+    X(cuGetErrorName, cuGetErrorName, 6000, NULL) \
+    X(cuGetErrorString, cuGetErrorString, 6000, NULL) \
+    X(cuGetProcAddress, cuGetProcAddress, 11030, NULL) \
+    X(cuGetProcAddress, cuGetProcAddress_v2, 12000, NULL) \
+    X(cuDeviceGet, cuDeviceGet, 2000, NULL) \
+    X(cuDeviceGetCount, cuDeviceGetCount, 2000, NULL) \
+    X(cuDeviceGetName, cuDeviceGetName, 2000, NULL) \
+    X(cuDeviceGetUuid, cuDeviceGetUuid, 9020, NULL) \
+    X(cuDeviceGetUuid, cuDeviceGetUuid_v2, 11040, NULL) \
+    X(cuDeviceTotalMem, cuDeviceTotalMem_v2, 3020, NULL) \
+    X(cuDeviceGetAttribute, cuDeviceGetAttribute, 2000, NULL) \
+    X(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, 4010, NULL) \
+    X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, 11020, NULL) \
+    X(cuDeviceGetMemPool, cuDeviceGetMemPool, 11020, NULL) \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, NULL) \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, 7000, NULL) \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000, NULL) \
+    X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, 7000, NULL) \
+    X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, 11000, NULL) \
+    X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState, 7000, NULL) \
+    X(cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags, 7000, NULL) \
+    X(cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v2, 11000, NULL) \
+    X(cuCtxCreate, cuCtxCreate_v2, 3020, NULL) \
+    X(cuCtxCreate, cuCtxCreate_v3, 11040, NULL) \
+    X(cuCtxCreate, cuCtxCreate_v4, 12050, NULL) \
+    X(cuCtxDestroy, cuCtxDestroy, 2000, NULL) \
+    X(cuCtxDestroy, cuCtxDestroy_v2, 4000, NULL) \
+    X(cuCtxGetCurrent, cuCtxGetCurrent, 4000, NULL) \
+    X(cuCtxSetCurrent, cuCtxSetCurrent, 4000, NULL) \
+    X(cuCtxPushCurrent, cuCtxPushCurrent, 2000, NULL) \
+    X(cuCtxPushCurrent, cuCtxPushCurrent_v2, 4000, NULL) \
+    X(cuCtxPopCurrent, cuCtxPopCurrent, 2000, NULL) \
+    X(cuCtxPopCurrent, cuCtxPopCurrent_v2, 4000, NULL) \
+    X(cuCtxGetDevice, cuCtxGetDevice, 2000, NULL) \
+    X(cuCtxSynchronize, cuCtxSynchronize, 2000, NULL) \
+    X(cuMemGetInfo, cuMemGetInfo_v2, 3020, NULL) \
+    X(cuMemAlloc, cuMemAlloc_v2, 3020, NULL) \
+    X(cuMemAllocPitch, cuMemAllocPitch_v2, 3020, NULL) \
+    X(cuMemAllocManaged, cuMemAllocManaged, 6000, NULL) \
+    X(cuMemFree, cuMemFree_v2, 3020, NULL) \
+    X(cuMemAllocHost, cuMemAllocHost_v2, 3020, NULL) \
+    X(cuMemFreeHost, cuMemFreeHost, 2000, NULL) \
+    X(cuMemAllocAsync, cuMemAllocAsync, 11020, cuMemAllocAsync_ptsz) \
+    X(cuMemFreeAsync, cuMemFreeAsync, 11020, cuMemFreeAsync_ptsz) \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync_ptsz) \
+    X(cuMemPoolCreate, cuMemPoolCreate, 11020, NULL) \
+    X(cuMemPoolDestroy, cuMemPoolDestroy, 11020, NULL) \
+    X(cuMemPoolTrimTo, cuMemPoolTrimTo, 11020, NULL) \
+    X(cuMemPoolGetAttribute, cuMemPoolGetAttribute, 11020, NULL) \
+    X(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 11020, NULL) \
+    X(cuMemCreate, cuMemCreate, 10020, NULL) \
+    X(cuMemRelease, cuMemRelease, 10020, NULL) \
+    X(cuMemAddressReserve, cuMemAddressReserve, 10020, NULL) \
+    X(cuMemAddressFree, cuMemAddressFree, 10020, NULL) \
+    X(cuMemMap, cuMemMap, 10020, NULL) \
+    X(cuMemUnmap, cuMemUnmap, 10020, NULL) \
+    X(cuMemSetAccess, cuMemSetAccess, 10020, NULL) \
+    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020, NULL) \
+    X(cuArrayCreate, cuArrayCreate_v2, 3020, NULL) \
+    X(cuArray3DCreate, cuArray3DCreate_v2, 3020, NULL) \
+    X(cuArrayDestroy, cuArrayDestroy, 2000, NULL) \
+    X(cuMemcpyHtoD, cuMemcpyHtoD_v2, 3020, cuMemcpyHtoD_v2_ptds) \
+    X(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020, cuMemcpyDtoH_v2_ptds) \
+    X(cuMemsetD8, cuMemsetD8_v2, 3020, cuMemsetD8_v2_ptds) \
+    X(cuStreamCreate, cuStreamCreate, 2000, NULL) \
+    X(cuStreamSynchronize, cuStreamSynchronize, 2000, cuStreamSynchronize_ptsz) \
+    X(cuStreamQuery, cuStreamQuery, 2000, cuStreamQuery_ptsz) \
+    X(cuStreamDestroy, cuStreamDestroy, 2000, NULL) \
+    X(cuStreamDestroy, cuStreamDestroy_v2, 4000, NULL) \
+    X(cuEventCreate, cuEventCreate, 2000, NULL) \
+    X(cuEventRecord, cuEventRecord, 2000, cuEventRecord_ptsz) \
+    X(cuEventQuery, cuEventQuery, 2000, NULL) \
+    X(cuEventSynchronize, cuEventSynchronize, 2000, NULL) \
+    X(cuEventElapsedTime, cuEventElapsedTime, 2000, NULL) \
+    X(cuEventElapsedTime, cuEventElapsedTime_v2, 12080, NULL) \
+    X(cuEventDestroy, cuEventDestroy, 2000, NULL) \
+    X(cuEventDestroy, cuEventDestroy_v2, 4000, NULL) \
+    X(cuModuleLoad, cuModuleLoad, 2000, NULL) \
+    X(cuModuleLoadData, cuModuleLoadData, 2000, NULL) \
+    X(cuModuleLoadDataEx, cuModuleLoadDataEx, 2010, NULL) \
+    X(cuModuleGetFunction, cuModuleGetFunction, 2000, NULL) \
+    X(cuModuleUnload, cuModuleUnload, 2000, NULL) \
+    X(cuLaunchKernel, cuLaunchKernel, 4000, cuLaunchKernel_ptsz) \
+    X(cuLaunchKernelEx, cuLaunchKernelEx, 11060, cuLaunchKernelEx_ptsz) \
+    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel_ptsz) \
+    X(cuGraphCreate, cuGraphCreate, 10000, NULL) \
+    X(cuGraphAddKernelNode, cuGraphAddKernelNode_v2, 12000, NULL) \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, NULL) \
+    X(cuGraphLaunch, cuGraphLaunch, 10000, cuGraphLaunch_ptsz) \
+    X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, NULL) \
+    X(cuGraphDestroy, cuGraphDestroy, 10000, NULL)
+
+struct proc_row { const char *name; void *fn; int min_version; void *per_thread; };
+
+#define SIM_PROC_ROW(base, export, version, per_thread) {#base, (void *)export, version, (void *)per_thread},
+static const struct proc_row proc_rows[] = {SIM_PROCS(SIM_PROC_ROW)};
+
+static CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                        CUdriverProcAddressQueryResult *status)
+{
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (!symbol || !pfn || (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                                                  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)))
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct proc_row *best = NULL;
+    for (size_t i = 0; i < sizeof proc_rows / sizeof *proc_rows; i++) {
+        const struct proc_row *r = &proc_rows[i];
+        if (strcmp(r->name, symbol))
+            continue;
+        st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        if (r->min_version <= cudaVersion && (!best || r->min_version > best->min_version))
+            best = r;
+    }
+    *pfn = NULL;
+    if (best) {
+        st = CU_GET_PROC_ADDRESS_SUCCESS;
+        *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->per_thread ? best->per_thread
+                                                                                            : best->fn;
+    }
+    if (status)
+        *status = st;
+    return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus)
+{
+    return resolve(symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return resolve(symbol, pfn, cudaVersion, flags, NULL);
+}

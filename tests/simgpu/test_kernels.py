@@ -1,0 +1,106 @@
+"""Simulated kernel time: streams run in order, devices run one kernel at a time across
+processes, events time the stream, NVML utilisation comes from the busy time."""
+import json
+import time
+
+
+def test_launch_is_asynchronous_and_the_stream_runs_in_order(run_py):
+    out = json.loads(run_py("""
+        import json
+        c = Cuda(); c.init(0)
+        s = c.stream()
+        t0 = time.monotonic()
+        for _ in range(4):
+            c.kernel(50_000, s)
+        launched = time.monotonic() - t0
+        busy = c.rc("cuStreamQuery", s)
+        c.sync(s)
+        done = time.monotonic() - t0
+        print(json.dumps([launched, busy, done, c.rc("cuStreamQuery", s)]))
+    """))
+    launched, busy, done, idle = out
+    assert launched < 0.04 and busy == NOT_READY_CODE and idle == 0
+    assert 0.2 <= done < 0.4
+
+
+NOT_READY_CODE = 600
+
+
+def test_event_elapsed_time_is_the_kernels_time(run_py):
+    out = json.loads(run_py("""
+        import json
+        c = Cuda(); c.init(0)
+        start, end, untimed = c.event(), c.event(), c.event(2)
+        c.call("cuEventRecord", start, None)
+        c.kernel(80_000)
+        c.kernel(40_000)
+        c.call("cuEventRecord", end, None)
+        pending = c.rc("cuEventQuery", end)
+        not_ready = c.rc("cuEventElapsedTime", ctypes.byref(ctypes.c_float()), start, end)
+        c.call("cuEventSynchronize", end)
+        ms = c.elapsed_ms(start, end)
+        c.call("cuEventRecord", untimed, None); c.sync()
+        errors = [c.rc("cuEventElapsedTime", ctypes.byref(ctypes.c_float()), start, untimed),
+                  c.rc("cuEventElapsedTime", ctypes.byref(ctypes.c_float()), start, c.event()),
+                  c.rc("cuEventQuery", c.event())]
+        print(json.dumps([pending, not_ready, ms, errors]))
+    """))
+    pending, not_ready, ms, errors = out
+    assert pending == 600 and not_ready == 600
+    assert 119 <= ms <= 160
+    assert errors == [400, 400, 0]  # no timing / never recorded: INVALID_HANDLE; unrecorded query: done
+
+
+def test_two_processes_never_overlap_on_one_device(spawn_py, sim_env, run_py):
+    # Both run 5 x 60 ms on device 0 at once: the device serialises them (>= 600 ms);
+    # on different devices they run side by side (~300 ms).
+    body = """
+        import json
+        c = Cuda(); c.init(int(sys.argv[1]) if len(sys.argv) > 1 else {dev})
+        print('ready', flush=True); os.read(0, 1)
+        t0 = time.monotonic()
+        for _ in range(5):
+            c.kernel(60_000)
+        c.sync()
+        print(json.dumps(time.monotonic() - t0), flush=True)
+    """
+    for devs, low, high in [((0, 0), 0.6, 0.9), ((0, 1), 0.3, 0.55)]:
+        procs = [spawn_py(body.format(dev=d)) for d in devs]
+        t0 = time.monotonic()
+        for p in procs:
+            p.stdin.write("go")
+            p.stdin.flush()
+        for p in procs:
+            p.stdin.close()
+        times = [json.loads(p.stdout.readline()) for p in procs]
+        wall = time.monotonic() - t0
+        assert low <= wall < high, (devs, wall, times)
+
+
+def test_utilisation_comes_from_busy_time(spawn_py, run_py):
+    # 30 ms kernels with 70 ms gaps: ~30 % busy; the second device stays idle.
+    spawn_py("""
+        c = Cuda(); c.init(0); print('ready', flush=True)
+        while True:
+            c.kernel(30_000); c.sync(); time.sleep(0.07)
+    """)
+    time.sleep(1.2)
+    out = json.loads(run_py("""
+        import json, pynvml
+        pynvml.nvmlInit()
+        h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+        samples = pynvml.nvmlDeviceGetProcessUtilization(h0, 0)
+        latest = max(s.timeStamp for s in samples)
+        try:
+            pynvml.nvmlDeviceGetProcessUtilization(h0, latest + 10_000_000)
+            later = "found"
+        except pynvml.NVMLError as e:
+            later = str(e)
+        print(json.dumps([pynvml.nvmlDeviceGetUtilizationRates(h0).gpu, pynvml.nvmlDeviceGetUtilizationRates(h1).gpu,
+                          [(s.pid, s.smUtil) for s in samples], abs(latest / 1e6 - time.time()), later]))
+    """))
+    util0, util1, samples, age, later = out
+    assert 15 <= util0 <= 40 and util1 == 0
+    assert len(samples) == 1 and 15 <= samples[0][1] <= 40
+    assert age < 0.5
+    assert later == "Not Found"
