@@ -29,6 +29,20 @@ def needs_sim():
 
 
 @pytest.fixture(scope="session")
+def sim_copy(tmp_path_factory):
+    """A private copy of the simulated driver root and libvgpu, so that a
+    rebuild of build/ while the tests run cannot change them underfoot."""
+    needs_sim()
+    root = tmp_path_factory.mktemp("simroot")
+    for sub in ("lib", "bin", "etc"):
+        shutil.copytree(SIM / sub, root / sub, symlinks=True)
+    shutil.copy2(LIBVGPU, root / "libvgpu.so")
+    if not (root / "lib" / "libcuda.so.1").exists():
+        pytest.skip("the simulated libcuda.so.1 is missing: run `make sim`")
+    return root
+
+
+@pytest.fixture(scope="session")
 def rootfs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rootfs")
     (root / "bin").mkdir()
@@ -51,8 +65,11 @@ def rootfs(tmp_path_factory):
 class Node:
     """One test's node: config, state dir, runc root, bundles, commands."""
 
-    def __init__(self, tmp, rootfs, template):
+    def __init__(self, tmp, rootfs, template, sim_root):
         self.tmp = tmp
+        self.sim_root = sim_root
+        self.sim_state = tmp / "simstate"  # the simulator's cross-process state, this test's own
+        self.sim_state.mkdir(mode=0o777)
         self.rootfs = rootfs
         self.template = template
         self.state_dir = tmp / "state"
@@ -62,6 +79,11 @@ class Node:
 
     def write_config(self, **overrides):
         text = SIM_CONFIG.read_text().replace(str(SIM / "state"), str(self.state_dir))
+        for sub in ("lib", "bin", "etc"):
+            text = text.replace(f"{SIM}/{sub}/", f"{self.sim_root}/{sub}/")
+        text = text.replace(f'"{SIM}"', f'"{self.sim_root}"')
+        text = text.replace(f'"{SIM}/shared"', f'"{self.sim_state}"')
+        text = text.replace(str(LIBVGPU), str(self.sim_root / "libvgpu.so"))
         lines = []
         for line in text.splitlines():
             key = line.split("=", 1)[0].strip()
@@ -75,7 +97,7 @@ class Node:
     def env(self):
         env = dict(os.environ)
         env["HAMI_CONFIG"] = str(self.config)
-        env["HAMI_SIM_STATE"] = str(SIM / "shared" / "gpu.state")
+        env["HAMI_SIM_STATE"] = str(self.sim_state / "gpu.state")
         return env
 
     def bundle(self, name, annotations=None, env=(), args=("sleep", "60")):
@@ -143,16 +165,14 @@ def spec_template(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def module_node(tmp_path_factory, rootfs, spec_template):
-    needs_sim()
-    n = Node(tmp_path_factory.mktemp("node"), rootfs, spec_template)
+def module_node(tmp_path_factory, rootfs, spec_template, sim_copy):
+    n = Node(tmp_path_factory.mktemp("node"), rootfs, spec_template, sim_copy)
     yield n
     n.cleanup()
 
 
 @pytest.fixture
-def node(tmp_path, rootfs, spec_template):
-    needs_sim()
-    n = Node(tmp_path, rootfs, spec_template)
+def node(tmp_path, rootfs, spec_template, sim_copy):
+    n = Node(tmp_path, rootfs, spec_template, sim_copy)
     yield n
     n.cleanup()

@@ -1,0 +1,174 @@
+"""Capacity, races, crashes and recovery of the allocator, through the real
+create path; passthrough of everything else."""
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import RUNC, RUNTIME, TIMEOUT
+
+
+def gpu_uuids(node):
+    return [g["uuid"] for g in json.loads(node.hamictl("gpus", "--json").stdout)]
+
+
+def test_split_count_refuses_the_eleventh(node):
+    uuid = gpu_uuids(node)[0]
+    request = {"hami.io/gpumem": "100", "hami.io/gpu-uuid": uuid}
+    for n in range(10):
+        proc = node.create(f"s{n}", node.bundle(f"s{n}", request))
+        assert proc.returncode == 0, proc.stderr
+    proc = node.create("s10", node.bundle("s10", request))
+    assert proc.returncode == 1
+    assert "10/10 slots used" in proc.stderr and proc.stderr.count("\n") == 1
+    assert "s10" not in node.containers()
+    assert node.runtime("delete", "s3").returncode == 0
+    proc = node.create("s11", node.bundle("s11", request))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(r["container"] for r in node.ps()) == sorted(
+        [f"s{n}" for n in range(10) if n != 3] + ["s11"])
+
+
+def _race_one(config, state_dir, root, bundle, cid, results, hold):
+    os.environ["HAMI_CONFIG"] = config
+    from hami_runtime import argv, config as config_mod, create
+    from hami_runtime.errors import HamiError
+    inv = argv.parse(["--root", root, "create", "--bundle", bundle, cid])
+    try:
+        create.prepare(config_mod.load(), inv)
+        results.put((cid, "ok"))
+    except HamiError as exc:
+        results.put((cid, exc.line()))
+    hold.wait(TIMEOUT)  # stay alive: an entry lives while its creator does
+
+
+def test_fifty_racing_creates_never_overcommit(node):
+    """50 processes run the create path at once for 2000 MiB each of one
+    16384 MiB GPU: exactly 8 get it, the rest are refused clearly."""
+    uuid = gpu_uuids(node)[0]
+    ctx = multiprocessing.get_context("fork")
+    results, hold = ctx.Queue(), ctx.Event()
+    procs = []
+    for n in range(50):
+        bundle = node.bundle(f"r{n}", {"hami.io/gpumem": "2000", "hami.io/gpu-uuid": uuid})
+        procs.append(ctx.Process(target=_race_one, args=(
+            str(node.config), str(node.state_dir), str(node.runc_root), str(bundle), f"r{n}",
+            results, hold)))
+    try:
+        for p in procs:
+            p.start()
+        outcomes = dict(results.get(timeout=TIMEOUT) for _ in procs)
+        allocations = node.allocations()
+    finally:
+        hold.set()
+        for p in procs:
+            p.join(TIMEOUT)
+    granted = [cid for cid, outcome in outcomes.items() if outcome == "ok"]
+    assert len(granted) == 8
+    assert sorted(allocations) == sorted(granted)
+    assert sum(d["mem_mib"] for e in allocations.values() for d in e["devices"]) <= 16384
+    assert all("room" in o for o in outcomes.values() if o != "ok")
+    # Their creators are gone and no container exists: the next operation frees all.
+    assert node.ps() == [] and os.listdir(node.state_dir / "containers") == []
+
+
+def test_sigkill_during_create_leaks_nothing(node, tmp_path):
+    slow = tmp_path / "slow-runc"
+    slow.write_text(f"#!/bin/sh\nsleep 5\nexec {RUNC} \"$@\"\n")
+    slow.chmod(0o755)
+    config = tmp_path / "slow.toml"
+    saved, node.config = node.config, config
+    node.write_config(runtime=[str(slow)])
+    node.config = saved
+    env = {**node.env, "HAMI_CONFIG": str(config)}
+    for n, delay in enumerate((0.05, 0.15, 0.3, 0.5, 0.8, 1.5)):
+        bundle = node.bundle(f"k{n}", {"hami.io/gpumem": "1000"})
+        with open(tmp_path / "out", "wb") as out:
+            proc = subprocess.Popen(RUNTIME + ["--root", str(node.runc_root), "create", "--bundle",
+                                               str(bundle), f"k{n}"], stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=out, env=env)
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(TIMEOUT)
+    assert node.ps() == []
+    assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
+    proc = node.create("after", node.bundle("after", {"hami.io/gpumem": "16384"}))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_runc_failing_after_allocation_releases(node):
+    bundle = node.bundle("broken", {"hami.io/gpumem": "1000"}, args=("/no/such/program",))
+    proc = node.create("broken", bundle)
+    assert proc.returncode != 0
+    assert node.ps() == [] and node.allocations() == {}
+    assert os.listdir(node.state_dir / "containers") == []
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_state_rebuilt_from_live_bundles(node, damage):
+    for cid, mem in (("a", "1000"), ("b", "2000")):
+        assert node.create(cid, node.bundle(cid, {"hami.io/gpumem": mem})).returncode == 0
+    before = node.allocations()
+    state = node.state_dir / "allocations.json"
+    if damage == "corrupt":
+        state.write_text('{"version": 1, "allocations": {"a": ')
+    else:
+        state.unlink()
+    rows = {r["container"]: r["memory_mib"] for r in node.ps()}
+    assert rows == {"a": 1000, "b": 2000}
+    after = node.allocations()
+    assert {k: v["devices"] for k, v in after.items()} == {k: v["devices"] for k, v in before.items()}
+    assert node.runtime("delete", "a").returncode == 0
+    assert [r["container"] for r in node.ps()] == ["b"]
+
+
+def test_delete_of_running_container_without_force_keeps_allocation(node):
+    bundle = node.bundle("busy", {"hami.io/gpumem": "1000"})
+    assert node.runtime("run", "--detach", "--bundle", str(bundle), "busy").returncode == 0
+    assert node.runtime("delete", "busy").returncode != 0
+    assert [r["container"] for r in node.ps()] == ["busy"]
+    assert node.runtime("kill", "busy", "KILL").returncode == 0
+    deadline = time.time() + 10
+    while node.runtime("delete", "busy").returncode != 0 and time.time() < deadline:
+        time.sleep(0.1)
+    assert node.ps() == []
+
+
+@pytest.mark.parametrize("args", [["--version"], ["list"], ["state", "nope"], ["--log-format=json", "list"],
+                                  ["kill", "nope"], ["features"]])
+def test_passthrough_matches_runc(node, args):
+    ours = node.runtime(*args)
+    theirs = subprocess.run([RUNC, "--root", str(node.runc_root), "--log", str(node.tmp / "runc.log")]
+                            + args, capture_output=True, text=True, timeout=TIMEOUT)
+    assert (ours.returncode, ours.stdout) == (theirs.returncode, theirs.stdout)
+
+
+def test_passthrough_imports_nothing_heavy(node):
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hami_runtime", "--root",
+                           str(node.runc_root), "list"], capture_output=True, text=True,
+                          env=node.env, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert not imported & {"pydantic", "pynvml", "jsonschema", "cffi", "click"}
+
+
+def test_hook_release_is_idempotent(node):
+    assert node.create("h", node.bundle("h", {"hami.io/gpumem": "10"})).returncode == 0
+    state = json.dumps({"ociVersion": "1.0.2", "id": "h", "status": "stopped", "pid": 0,
+                        "bundle": str(node.tmp)})
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "hami_hook", "--state-dir", str(node.state_dir),
+                               "--runc-root", str(node.runc_root), "poststop"], input=state,
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 0, proc.stderr
+        assert node.allocations() == {}
+    bad = subprocess.run([sys.executable, "-m", "hami_hook", "--state-dir", str(node.state_dir),
+                          "poststop"], input='{"id": "../x"}', capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert bad.returncode == 1 and "container id" in bad.stderr
