@@ -1,0 +1,100 @@
+"""dockerd with examples/docker/daemon.json (install path aside): dockerd hands
+no annotations to a runtime, so the request is in the env; and docker-compose
+(through pytest-docker) runs examples/docker/docker-compose.yml as it is."""
+import re
+
+import pytest
+from pytest_docker.plugin import get_docker_services
+
+from tests.conftest import ROOT
+from tests.engines.conftest import IMAGE, PROBE, Daemon, need, run, wait_for
+
+pytestmark = pytest.mark.timeout(600)
+DOCKER = "/usr/bin/docker"  # the docker.io client, matching the daemon
+
+
+class Docker:
+    def __init__(self, socket):
+        self.host = f"unix://{socket}"
+
+    def __call__(self, *args, timeout=120, check=False):
+        return run([DOCKER, "-H", self.host, *args], timeout=timeout, check=check)
+
+    def gpu_run(self, *args, **kwargs):
+        return self("run", "--runtime", "hami", "--network", "none", *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def docker(engines_installed, hami, probe_image, tmp_path_factory):
+    dockerd = need("dockerd", engines_installed)
+    need("docker", engines_installed)
+    root = tmp_path_factory.mktemp("docker")
+    config = hami.render("docker/daemon.json", root / "daemon.json")
+    socket = root / "docker.sock"
+    daemon = Daemon("dockerd", root, [
+        dockerd, "--config-file", config, "--data-root", root / "data", "--exec-root",
+        root / "exec", "--pidfile", root / "docker.pid", "--host", f"unix://{socket}",
+        "--bridge", "none", "--iptables=false", "--ip-masq=false", "--ip6tables=false"])
+    engine = Docker(socket)
+    daemon.start(lambda: socket.exists() and engine("version", timeout=10).returncode == 0,
+                 timeout=90)
+    try:
+        engine("load", "--input", probe_image / "image.tar", check=True)
+        yield engine
+    finally:
+        ids = engine("ps", "--all", "--quiet", timeout=30).stdout.split()
+        if ids:
+            engine("rm", "--force", *ids, timeout=120)
+        daemon.stop()
+
+
+def test_daemon_has_the_hami_runtime(docker, hami):
+    runtimes = docker("info", "--format", "{{json .Runtimes}}", check=True).stdout
+    assert f'"hami":{{"path":"{hami.wrapper}"}}' in runtimes.replace(" ", "")
+
+
+def test_env_request_gives_the_limits(docker, hami):
+    result = docker.gpu_run("--rm", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e", "HAMI_GPUMEM=1024",
+                            IMAGE, "/bin/sh", "-c", f"env; {PROBE} fill")
+    assert result.returncode == 0, result.stderr
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=1024m" in result.stdout
+    free = int(re.search(r"total 1024 MiB, free (\d+) MiB before filling", result.stdout).group(1))
+    got = int(re.search(r"allocated (\d+) MiB; the next 1 MiB was refused: "
+                        r"CUDA_ERROR_OUT_OF_MEMORY", result.stdout).group(1))
+    assert free - 2 <= got <= free
+    hami.assert_nothing_allocated()
+
+
+def test_rm_releases_the_allocation(docker, hami):
+    result = docker.gpu_run("-d", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e", "HAMI_GPUMEM=2048",
+                            "-e", "HAMI_GPUCORES=25", IMAGE, "sleep", "60")
+    assert result.returncode == 0, result.stderr
+    cid = result.stdout.strip()
+    assert [(d["mem_mib"], d["cores"]) for d in hami.allocations()[cid]["devices"]] == [(2048, 25)]
+    docker("rm", "--force", cid, check=True)
+    wait_for(lambda: hami.allocations() == {}, 10, "the allocation to be released")
+    hami.assert_nothing_allocated()
+
+
+def test_bad_request_shows_our_message(docker, hami):
+    result = docker.gpu_run("--rm", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e", "HAMI_GPUMEM=banana",
+                            IMAGE, "true")
+    assert result.returncode != 0
+    assert "OCI runtime create failed" in result.stderr
+    assert re.search(r"HAMI_GPUMEM.*banana", result.stderr), result.stderr
+    hami.assert_nothing_allocated()
+
+
+def test_compose_example_through_pytest_docker(docker, hami):
+    compose_file = ROOT / "examples" / "docker" / "docker-compose.yml"
+    # pytest-docker drives docker-compose v1 against this test's own daemon.
+    command = f"env DOCKER_HOST={docker.host} docker-compose"
+    with get_docker_services(command, str(compose_file), "hamicompose", ["up -d"], ["down -v"]):
+        cid = run(["env", f"DOCKER_HOST={docker.host}", "docker-compose", "-f", compose_file,
+                   "-p", "hamicompose", "ps", "-q", "vgpu-probe"], check=True).stdout.strip()
+        assert docker("wait", cid, timeout=120, check=True).stdout.strip() == "0"
+        logs = docker("logs", cid, check=True).stdout
+    assert "total 1024 MiB" in logs
+    assert re.search(r"allocated \d+ MiB; the next 1 MiB was refused: CUDA_ERROR_OUT_OF_MEMORY",
+                     logs), logs
+    hami.assert_nothing_allocated()
