@@ -44,8 +44,15 @@ def device_majors(cfg: Config) -> Dict[str, int]:
     return majors
 
 
+# The hook runs at every create and stop: skip site-packages processing (-S)
+# and the environment (-I), importing the package from where it lies.
+HOOK_CODE = ("import sys; sys.path.insert(0, {where!r}); "
+             "from hami_hook.cli import main; sys.exit(main())")
+
+
 def hook_argv(cfg: Config, runc_root: str) -> List[str]:
-    base = list(cfg.hook_command) or [sys.executable, "-I", "-m", "hami_hook"]
+    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = list(cfg.hook_command) or [sys.executable, "-S", "-I", "-c", HOOK_CODE.format(where=where)]
     return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root]
 
 
