@@ -1,10 +1,13 @@
 """podman --runtime hami (examples/podman/containers.conf as it is, install path aside)."""
+import json
 import os
 import re
+import urllib.request
 
 import pytest
 
-from tests.engines.conftest import IMAGE, MiB, PROBE, Daemon, need, run, wait_for
+from hami_runtime import metrics
+from tests.engines.conftest import IMAGE, MiB, PROBE, VENV_BIN, Daemon, need, run, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -72,4 +75,38 @@ def test_bad_request_shows_our_message(podman, hami):
     result = podman.gpu_run("--rm", "--annotation", "hami.io/gpumem=banana", IMAGE, "true")
     assert result.returncode != 0
     assert re.search(r"hami\.io/gpumem.*banana", result.stderr), result.stderr
+    hami.assert_nothing_allocated()
+
+
+def test_live_view_sees_the_container(podman, hami):
+    """hamictl top and the metrics endpoint, on the host, see a running container's use."""
+    name = "hami-podman-top"
+    result = podman.gpu_run("-d", "--name", name, "--annotation", "hami.io/gpumem=1024",
+                            "--annotation", "hami.io/gpucores=50", IMAGE, PROBE, "hold", "300", "60")
+    assert result.returncode == 0, result.stderr
+    cid = result.stdout.strip()
+    try:
+        wait_for(lambda: "holding 300 MiB" in podman("logs", name).stdout, 30, "the probe to allocate")
+        top = run([VENV_BIN / "hamictl", "--config", hami.config, "top", "--json",
+                   "--interval", "0.2"], check=True)
+        view = next(c for c in json.loads(top.stdout)["containers"] if c["id"] == cid)
+        device = view["devices"][0]
+        assert (device["mem_limit_bytes"], device["sm_limit_pct"]) == (1024 * MiB, 50)
+        [proc] = view["processes"]
+        assert proc["mem_used_bytes"][0] - proc["ctx_used_bytes"][0] == 300 * MiB
+        assert device["mem_used_bytes"] == proc["mem_used_bytes"][0]
+        server, thread = metrics.serve(str(hami.state_dir), "127.0.0.1", 0)
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+        finally:
+            server.shutdown()
+            thread.join(timeout=5)
+        line = next(l for l in text.splitlines()
+                    if l.startswith("hami_container_memory_used_bytes{") and cid in l)
+        assert float(line.rsplit(" ", 1)[1]) == device["mem_used_bytes"]
+    finally:
+        podman("rm", "--force", "--time", "0", name, check=True)
+    wait_for(lambda: hami.allocations() == {}, 10, "the allocation to be released")
     hami.assert_nothing_allocated()
