@@ -17,6 +17,16 @@
  *   converges to the share however wrong the estimate was.
  * - At most SM_WINDOW measured launches per process and device may be in
  *   flight: a process cannot run further ahead of its measurements than that.
+ * - Events measure latency, not occupancy: a launch that waited behind another
+ *   container's kernel (or its time slices) looks longer than it ran, and the
+ *   container would pay for the other's work. Every SM_TICK_NS the process
+ *   compares what NVML says it used over the last second with what it
+ *   measured. Alone on the device, that ratio is a baseline (launch gaps that
+ *   an unlimited process has too, NVML's rounding); with other processes on
+ *   it, measurements are charged scaled by ratio / baseline (smoothed, in
+ *   [SM_FACTOR_MIN, 1]). The factor never exceeds 1, so the correction can
+ *   only give back time that was not used; without NVML, or without knowing
+ *   the pid NVML knows us by, it stays 1.
  * - Everything shared is updated with atomics; no lock spans processes, so a
  *   process killed at any instant leaves at most one estimate charged.
  *
@@ -26,8 +36,10 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "log.h"
@@ -38,6 +50,12 @@
 #define SM_SLEEP_MIN_NS 20000LL
 #define SM_SLEEP_MAX_NS 10000000LL
 #define SM_POLL_NS 200000LL                      /* window full: look again after 0.2 ms */
+#define SM_TICK_NS 250000000LL                   /* occupancy correction period */
+#define SM_HISTORY 8                             /* ticks remembered (>= 1 s + 1 tick) */
+#define SM_NVML_WINDOW_NS 1000000000LL           /* what a process utilisation sample covers */
+#define SM_FACTOR_MIN 0.5
+#define SM_SMOOTHING 3.0                         /* each tick moves a third of the way */
+#define SM_PID_INIT_NS_INO 0xEFFFFFFCUL          /* inode of the host's pid namespace */
 
 enum { SM_UNKNOWN = 0, SM_OFF = 1, SM_ON = 2 };
 enum { PROBE_FREE = 0, PROBE_ARMED, PROBE_FLYING };
@@ -54,7 +72,17 @@ struct sm_local {
     pthread_mutex_t lock;
     struct sm_probe probes[SM_WINDOW];
     int in_use;                                  /* probes not FREE */
-    int64_t estimate_ns;                         /* running mean of measured launches */
+    int64_t estimate_ns;                         /* running mean of charged launches */
+    /* occupancy correction */
+    double factor;                               /* charge = measured x factor */
+    double baseline;                             /* NVML / measured while alone */
+    int64_t measured_ns;                         /* cumulative raw measurements */
+    int64_t next_tick_ns;
+    int ticks;
+    struct { int64_t at, measured; } history[SM_HISTORY];
+    int nvml_state;                              /* 0 not tried, 1 usable, -1 not usable */
+    nvmlDevice_t nvml_dev;
+    unsigned int nvml_pid;
 };
 
 struct sm_driver {
@@ -64,6 +92,13 @@ struct sm_driver {
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_query)(CUevent);
     CUresult (*event_elapsed)(float *, CUevent, CUevent);
+    CUresult (*ctx_get_device)(CUdevice *);
+    CUresult (*device_uuid)(CUuuid *, CUdevice);
+    nvmlReturn_t (*nvml_init)(void);
+    nvmlReturn_t (*nvml_by_uuid)(const char *, nvmlDevice_t *);
+    nvmlReturn_t (*nvml_process_util)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
+                                      unsigned long long);
+    nvmlReturn_t (*nvml_running)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 };
 
 /* Decided once per process and device: the hot path reads one byte. */
@@ -90,6 +125,8 @@ static void sm_local_reset(void)
     for (int d = 0; d < HAMI_MAX_DEVICES; d++) {
         memset(&sm_local[d], 0, sizeof(sm_local[d]));
         pthread_mutex_init(&sm_local[d].lock, NULL);
+        sm_local[d].factor = 1.0;
+        sm_local[d].baseline = 1.0;
     }
 }
 
@@ -112,6 +149,16 @@ static void sm_init_once(void)
     sm_drv.event_query = (CUresult(*)(CUevent))hami_driver_symbol("cuEventQuery");
     sm_drv.event_elapsed =
         (CUresult(*)(float *, CUevent, CUevent))hami_driver_symbol("cuEventElapsedTime");
+    sm_drv.ctx_get_device = (CUresult(*)(CUdevice *))hami_driver_symbol("cuCtxGetDevice");
+    sm_drv.device_uuid = (CUresult(*)(CUuuid *, CUdevice))hami_driver_symbol("cuDeviceGetUuid_v2");
+    sm_drv.nvml_init = (nvmlReturn_t(*)(void))hami_driver_symbol("nvmlInit_v2");
+    sm_drv.nvml_by_uuid =
+        (nvmlReturn_t(*)(const char *, nvmlDevice_t *))hami_driver_symbol("nvmlDeviceGetHandleByUUID");
+    sm_drv.nvml_process_util =
+        (nvmlReturn_t(*)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
+                         unsigned long long))hami_driver_symbol("nvmlDeviceGetProcessUtilization");
+    sm_drv.nvml_running = (nvmlReturn_t(*)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *))
+        hami_driver_symbol("nvmlDeviceGetComputeRunningProcesses_v3");
     sm_ready = sm_drv.ctx_get_current && sm_drv.event_create && sm_drv.event_destroy &&
                sm_drv.event_record && sm_drv.event_query && sm_drv.event_elapsed;
     if (!sm_ready)
@@ -181,16 +228,147 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
         float ms = 0;
         if (r == CUDA_SUCCESS && sm_drv.event_elapsed(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
             int64_t ns = (int64_t)((double)ms * 1e6);
-            sm_charge(st, ns - p->charged_ns);
-            __atomic_add_fetch(&st->busy_ns, (uint64_t)ns, __ATOMIC_RELAXED);
+            int64_t used = (int64_t)((double)ns * loc->factor);
+            loc->measured_ns += ns;
+            sm_charge(st, used - p->charged_ns);
+            __atomic_add_fetch(&st->busy_ns, (uint64_t)used, __ATOMIC_RELAXED);
             struct hami_proc_slot *self = hami_region_self();
             if (self)
-                __atomic_add_fetch(&self->sm_busy_ns[dev], (uint64_t)ns, __ATOMIC_RELAXED);
-            loc->estimate_ns += (ns - loc->estimate_ns) / 4;
+                __atomic_add_fetch(&self->sm_busy_ns[dev], (uint64_t)used, __ATOMIC_RELAXED);
+            loc->estimate_ns += (used - loc->estimate_ns) / 4;
         }
         /* A failed query (context gone) keeps the estimate as the charge. */
         sm_probe_release(loc, p);
     }
+}
+
+/* The pid NVML reports this process as: the host pid the hook recorded, our
+ * own pid when we live in the host's pid namespace, or else our own pid only
+ * if the driver lists it among the device's processes. 0 when unknown. */
+static unsigned int sm_nvml_pid(nvmlDevice_t nvml_dev)
+{
+    struct hami_proc_slot *self = hami_region_self();
+    if (self && self->host_pid > 0)
+        return (unsigned int)self->host_pid;
+    char link[64];
+    ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+    unsigned long ino = 0;
+    if (n > 0) {
+        link[n] = '\0';
+        sscanf(link, "pid:[%lu]", &ino);
+    }
+    unsigned int pid = (unsigned int)getpid();
+    if (ino == SM_PID_INIT_NS_INO)
+        return pid;
+    nvmlProcessInfo_t infos[64];
+    unsigned int count = 64;
+    if (!sm_drv.nvml_running || sm_drv.nvml_running(nvml_dev, &count, infos) != NVML_SUCCESS)
+        return 0;
+    for (unsigned int i = 0; i < count; i++)
+        if (infos[i].pid == pid)
+            return pid;
+    return 0;
+}
+
+/* NVML's view of the launching context's device, once per process and device. */
+static int sm_nvml_open(struct sm_local *loc)
+{
+    if (loc->nvml_state)
+        return loc->nvml_state > 0;
+    loc->nvml_state = -1;
+    CUdevice cu_dev;
+    CUuuid uuid;
+    if (!sm_drv.nvml_init || !sm_drv.nvml_by_uuid || !sm_drv.nvml_process_util || !sm_drv.ctx_get_device ||
+        !sm_drv.device_uuid || sm_drv.ctx_get_device(&cu_dev) != CUDA_SUCCESS ||
+        sm_drv.device_uuid(&uuid, cu_dev) != CUDA_SUCCESS || sm_drv.nvml_init() != NVML_SUCCESS)
+        return 0;
+    const unsigned char *u = (const unsigned char *)uuid.bytes;
+    char text[48];
+    snprintf(text, sizeof(text), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+             u[15]);
+    if (sm_drv.nvml_by_uuid(text, &loc->nvml_dev) != NVML_SUCCESS)
+        return 0;
+    loc->nvml_pid = sm_nvml_pid(loc->nvml_dev);
+    if (!loc->nvml_pid) {
+        hami_info("SM limit: no pid known to NVML; launches are charged as measured");
+        return 0;
+    }
+    loc->nvml_state = 1;
+    return 1;
+}
+
+/* This process's SM use over the last second as NVML reports it, in percent
+ * (-1 if none), and whether any other process used the device meanwhile. */
+static int sm_nvml_util(struct sm_local *loc, int *others)
+{
+    nvmlProcessUtilizationSample_t samples[64];
+    unsigned int count = 64;
+    *others = 0;
+    if (sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, 0) != NVML_SUCCESS)
+        return -1;
+    int util = -1;
+    unsigned long long newest = 0;
+    for (unsigned int i = 0; i < count; i++) {
+        if (samples[i].pid != loc->nvml_pid) {
+            *others |= samples[i].smUtil > 0;
+        } else if (samples[i].timeStamp >= newest) {
+            newest = samples[i].timeStamp;
+            util = (int)samples[i].smUtil;
+        }
+    }
+    return util;
+}
+
+/* Every SM_TICK_NS: compare NVML's occupancy with our measurements of about
+ * the same second. While the process has the device to itself their ratio is
+ * the baseline (launch gaps, NVML's rounding); while others use it too, the
+ * ratio below that baseline is time spent waiting for them, and the charge
+ * factor follows it. */
+static void sm_correct(struct sm_local *loc, int64_t now)
+{
+    if (now < loc->next_tick_ns)
+        return;
+    loc->next_tick_ns = now + SM_TICK_NS;
+    int slot = loc->ticks++ % SM_HISTORY;
+    loc->history[slot].at = now;
+    loc->history[slot].measured = loc->measured_ns;
+    if (loc->ticks <= (int)(SM_NVML_WINDOW_NS / SM_TICK_NS) || !sm_nvml_open(loc))
+        return;
+    /* the remembered tick nearest one NVML window ago */
+    int then = -1;
+    int64_t best = 0;
+    for (int i = 0; i < SM_HISTORY && i < loc->ticks; i++) {
+        int64_t off = loc->history[i].at - (now - SM_NVML_WINDOW_NS);
+        off = off < 0 ? -off : off;
+        if (then < 0 || off < best) {
+            then = i;
+            best = off;
+        }
+    }
+    int64_t span = now - loc->history[then].at;
+    int64_t measured = loc->measured_ns - loc->history[then].measured;
+    if (span < SM_NVML_WINDOW_NS * 3 / 4 || span > SM_NVML_WINDOW_NS * 3 / 2 ||
+        measured * 50 < span)                   /* under 2 %: too little to judge */
+        return;
+    int others;
+    int util = sm_nvml_util(loc, &others);
+    if (util < 0)
+        return;
+    double ratio = (double)util / 100.0 * (double)span / (double)measured;
+    if (!others) {
+        if (ratio > 1.0)
+            ratio = 1.0;
+        if (ratio >= SM_FACTOR_MIN)
+            loc->baseline += (ratio - loc->baseline) / SM_SMOOTHING;
+        loc->factor += (1.0 - loc->factor) / SM_SMOOTHING;
+    } else {
+        double target = ratio / loc->baseline;
+        target = target > 1.0 ? 1.0 : target < SM_FACTOR_MIN ? SM_FACTOR_MIN : target;
+        loc->factor += (target - loc->factor) / SM_SMOOTHING;
+    }
+    hami_debug("SM limit: NVML %d%%, measured %.1f%%, others %d, baseline %.3f, charge factor %.3f", util,
+               100.0 * (double)measured / (double)span, others, loc->baseline, loc->factor);
 }
 
 /* A free probe whose events live in the current context, or -1. */
@@ -248,9 +426,11 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             pthread_mutex_unlock(&loc->lock);
             return;
         }
-        if (sm_ready)
-            sm_harvest(loc, st, dev);
         int64_t now = sm_now_ns();
+        if (sm_ready) {
+            sm_harvest(loc, st, dev);
+            sm_correct(loc, now);
+        }
         sm_refill(st, share, now);
         int64_t tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
         int window_full = sm_ready && loc->in_use >= SM_WINDOW;
