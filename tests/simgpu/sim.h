@@ -25,7 +25,6 @@
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
 #define SIM_HEARTBEAT_NS 1000000000ULL
-#define SIM_STALE_NS 10000000000ULL      /* foreign pid namespace: dead after 10 s without a beat */
 #define SIM_UTIL_WINDOW_NS 1000000000ULL
 
 static inline uint64_t sim_round_up(uint64_t v, uint64_t unit) { return (v + unit - 1) / unit * unit; }
@@ -39,6 +38,7 @@ struct sim_config {
     uint64_t context_mib;
     char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     int cuda_version;
+    int stale_seconds;                   /* another pid namespace's process: dead after this long without a heartbeat */
 };
 /* The configuration, read once; NULL (after one stderr line) when it is bad. */
 const struct sim_config *sim_config(void);

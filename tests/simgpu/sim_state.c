@@ -11,7 +11,7 @@
  * - Reclaim: a slot whose process is gone (no /proc entry, a zombie, or another
  *   start time: the pid was reused) is freed by whoever looks next. Slots from
  *   another pid namespace cannot be checked that way: they count as alive until
- *   their heartbeat (updated every second) is SIM_STALE_NS old.
+ *   their heartbeat (updated every second) is `stale_seconds` old (config, default 10).
  * - Kernels: a device's timeline is its busy_until time; a kernel is booked by CAS
  *   (start = max(now, busy_until)), so no two kernels overlap on one device, across
  *   processes. Booked intervals go to a ring that utilisation is computed from.
@@ -82,7 +82,7 @@ static uint64_t pidns_inode(void)
 static int slot_alive(const struct sim_proc_slot *p)
 {
     if (p->pidns && self_pidns && p->pidns != self_pidns)
-        return sim_now_ns() - atomic_load(&p->heartbeat_ns) < SIM_STALE_NS;
+        return sim_now_ns() - atomic_load(&p->heartbeat_ns) < (uint64_t)sim_config()->stale_seconds * 1000000000ULL;
     uint64_t start;
     char letter;
     if (proc_stat(p->pid, &start, &letter) < 0)
@@ -220,9 +220,13 @@ struct sim_state *sim_state(void)
 static void *heartbeat(void *arg)
 {
     struct sim_proc_slot *slot = arg;
+    /* four beats per stale period, at most one a second */
+    uint64_t period_ns = (uint64_t)sim_config()->stale_seconds * 1000000000ULL / 4;
+    if (period_ns > SIM_HEARTBEAT_NS)
+        period_ns = SIM_HEARTBEAT_NS;
+    struct timespec ts = {(time_t)(period_ns / 1000000000ULL), (long)(period_ns % 1000000000ULL)};
     for (;;) {
         atomic_store(&slot->heartbeat_ns, sim_now_ns());
-        struct timespec ts = {1, 0};
         nanosleep(&ts, NULL);
     }
     return NULL;
