@@ -132,17 +132,19 @@ static CUresult pool_alloc(struct sim_pool *p, size_t size, struct sim_ctx *ctx,
 static void pool_return(void *arg)
 {
     struct sim_alloc *a = arg;
-    pthread_mutex_lock(&pools_lock);
-    a->pool->used -= pool_bytes(a->size);
-    pthread_mutex_unlock(&pools_lock);
     munmap((void *)a->base, a->mapped);
     free(a);
 }
 
+/* The freed bytes are reusable by work queued after the free at once (stream-ordered
+ * reuse); the backing goes when the stream reaches the free. */
 CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s)
 {
     if (!sim_handle_take(a->base, SIM_KIND_ALLOC))
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_lock);
+    a->pool->used -= pool_bytes(a->size);
+    pthread_mutex_unlock(&pools_lock);
     if (s)
         sim_stream_enqueue_call(s, pool_return, a);
     else
