@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #define MAX_ORDINALS 64
 #define UNKNOWN UINT64_MAX
@@ -46,25 +47,90 @@ static void nvml_start(void)
         hami_warn("NVML unavailable: context memory is not measured");
 }
 
-static uint64_t device_free_bytes(CUdevice dev)
+static nvmlDevice_t nvml_handle(CUdevice dev)
 {
     pthread_once(&nvml_once, nvml_start);
-    if (!nvml_ready)
-        return UNKNOWN;
     char uuid[96];
     nvmlDevice_t handle;
-    nvmlMemory_t mem;
     nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *) = HAMI_DRIVER(nvmlDeviceGetHandleByUUID);
-    __typeof__(&nvmlDeviceGetMemoryInfo) info = HAMI_REAL(nvmlDeviceGetMemoryInfo);
-    if (!by_uuid || !info || hami_cuda_uuid(dev, uuid, sizeof uuid) < 0 ||
-        by_uuid(uuid, &handle) != NVML_SUCCESS || info(handle, &mem) != NVML_SUCCESS)
-        return UNKNOWN;
-    return mem.free;
+    if (!nvml_ready || !by_uuid || hami_cuda_uuid(dev, uuid, sizeof uuid) < 0 ||
+        by_uuid(uuid, &handle) != NVML_SUCCESS)
+        return NULL;
+    return handle;
 }
 
-static uint64_t measured(uint64_t before, uint64_t after)
+#define MAX_SEEN 256
+
+/* What the device looks like around a context's creation: its free memory and
+ * every process's usage (the driver's own per-process count). */
+struct snapshot {
+    uint64_t free;
+    unsigned int count;
+    nvmlProcessInfo_t procs[MAX_SEEN];
+};
+
+static void take_snapshot(nvmlDevice_t handle, struct snapshot *snap)
 {
-    return before != UNKNOWN && after != UNKNOWN && before > after ? before - after : 0;
+    snap->free = UNKNOWN;
+    snap->count = 0;
+    if (!handle)
+        return;
+    nvmlMemory_t mem;
+    __typeof__(&nvmlDeviceGetMemoryInfo) info = HAMI_REAL(nvmlDeviceGetMemoryInfo);
+    if (info && info(handle, &mem) == NVML_SUCCESS)
+        snap->free = mem.free;
+    __typeof__(&nvmlDeviceGetComputeRunningProcesses_v3) list =
+        HAMI_REAL(nvmlDeviceGetComputeRunningProcesses_v3);
+    if (!list)
+        list = HAMI_REAL(nvmlDeviceGetComputeRunningProcesses_v2);
+    unsigned int count = MAX_SEEN;
+    if (list && list(handle, &count, snap->procs) == NVML_SUCCESS)
+        snap->count = count;
+}
+
+static const nvmlProcessInfo_t *find_pid(const struct snapshot *snap, unsigned int pid)
+{
+    for (unsigned int i = 0; pid && i < snap->count; i++)
+        if (snap->procs[i].pid == pid)
+            return &snap->procs[i];
+    return NULL;
+}
+
+static unsigned int host_pid;   /* this process as the driver names it, once known */
+
+/* The context's size: this process's growth in the driver's per-process count
+ * (found by pid, or as the one process that appeared); else the device's free
+ * memory drop, which other containers' activity can blur. */
+static uint64_t measured(const struct snapshot *before, const struct snapshot *after)
+{
+    unsigned int pids[2] = {host_pid, (unsigned int)getpid()};
+    for (int i = 0; i < 2; i++) {
+        const nvmlProcessInfo_t *now = find_pid(after, pids[i]);
+        if (now) {
+            const nvmlProcessInfo_t *then = find_pid(before, pids[i]);
+            uint64_t was = then ? then->usedGpuMemory : 0;
+            return now->usedGpuMemory > was ? now->usedGpuMemory - was : 0;
+        }
+    }
+    const nvmlProcessInfo_t *appeared = NULL;
+    int appeared_count = 0;
+    for (unsigned int i = 0; i < after->count; i++) {
+        if (!find_pid(before, after->procs[i].pid)) {
+            appeared = &after->procs[i];
+            appeared_count++;
+        }
+    }
+    if (appeared_count == 1) {
+        host_pid = appeared->pid;
+        struct hami_proc_slot *self = hami_region_self();
+        if (self && !__atomic_load_n(&self->host_pid, __ATOMIC_RELAXED))
+            __atomic_store_n(&self->host_pid, (int32_t)host_pid, __ATOMIC_RELAXED);
+        hami_debug("the driver knows this process as pid %u", host_pid);
+        return appeared->usedGpuMemory;
+    }
+    return before->free != UNKNOWN && after->free != UNKNOWN && before->free > after->free
+               ? before->free - after->free
+               : 0;
 }
 
 /* ---- primary contexts ---- */
@@ -80,20 +146,58 @@ static void drop_primary(CUdevice dev)
     primary[dev].ctx = NULL;
 }
 
+/* One measured creation: the process's ctx_lock, the container's region lock,
+ * and the device seen before. */
+struct creation {
+    int index;
+    int region_fd;
+    nvmlDevice_t handle;
+    struct snapshot before;
+};
+
+static void creation_begin(struct creation *c, CUdevice dev, int index)
+{
+    c->index = index;
+    pthread_mutex_lock(&ctx_lock);
+    c->region_fd = -1;
+    c->handle = NULL;
+    if (index >= 0) {
+        c->region_fd = hami_region_lock();
+        c->handle = nvml_handle(dev);
+        take_snapshot(c->handle, &c->before);
+    }
+}
+
+/* The size of what was created (0 when nothing is measured). */
+static uint64_t creation_size(struct creation *c)
+{
+    struct snapshot after;
+    take_snapshot(c->handle, &after);
+    return measured(&c->before, &after);
+}
+
+static void creation_end(struct creation *c)
+{
+    hami_region_unlock(c->region_fd);
+    pthread_mutex_unlock(&ctx_lock);
+}
+
 HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     __typeof__(&cuDevicePrimaryCtxRetain) real = HAMI_REAL(cuDevicePrimaryCtxRetain);
     if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_FOUND;
     int index = hami_region_device_index(dev);
-    if (index < 0 || dev >= MAX_ORDINALS)
+    if (index < 0 || dev >= MAX_ORDINALS || hami_in_driver)
         return real(pctx, dev);
+    struct creation c;
     pthread_mutex_lock(&ctx_lock);
     int fresh = !primary[dev].charged;
-    uint64_t before = fresh ? device_free_bytes(dev) : 0;
-    CUresult rc = real(pctx, dev);
-    if (rc == CUDA_SUCCESS && fresh && pctx) {
-        uint64_t bytes = measured(before, device_free_bytes(dev));
+    pthread_mutex_unlock(&ctx_lock);
+    creation_begin(&c, dev, fresh && !primary[dev].charged ? index : -1);
+    CUresult rc = HAMI_CALL(real(pctx, dev));
+    if (rc == CUDA_SUCCESS && c.index >= 0 && pctx && !primary[dev].charged) {
+        uint64_t bytes = creation_size(&c);
         if (hami_mem_charge(index, bytes) < 0) {
             __typeof__(&cuDevicePrimaryCtxRelease_v2) release = HAMI_REAL(cuDevicePrimaryCtxRelease_v2);
             if (release)
@@ -109,16 +213,18 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             hami_debug("device %d: primary context takes %llu bytes", dev, (unsigned long long)bytes);
         }
     }
-    pthread_mutex_unlock(&ctx_lock);
+    creation_end(&c);
     return rc;
 }
 
 static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
 {
     if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_FOUND;
+    if (hami_in_driver)
+        return real(dev);
     pthread_mutex_lock(&ctx_lock);
-    CUresult rc = real(dev);
+    CUresult rc = HAMI_CALL(real(dev));
     if (rc == CUDA_SUCCESS && dev >= 0 && dev < MAX_ORDINALS && primary[dev].charged) {
         unsigned int flags = 0;
         int active = 1;
@@ -133,9 +239,11 @@ static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
 static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
 {
     if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_FOUND;
+    if (hami_in_driver)
+        return real(dev);
     pthread_mutex_lock(&ctx_lock);
-    CUresult rc = real(dev);
+    CUresult rc = HAMI_CALL(real(dev));
     if (rc == CUDA_SUCCESS)
         drop_primary(dev);
     pthread_mutex_unlock(&ctx_lock);
@@ -164,24 +272,10 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 
 /* ---- created contexts ---- */
 
-struct creation {
-    int index;
-    CUdevice dev;
-    uint64_t before;
-};
-
-static void creation_begin(struct creation *c, CUdevice dev)
-{
-    c->dev = dev;
-    c->index = hami_region_device_index(dev);
-    pthread_mutex_lock(&ctx_lock);
-    c->before = c->index >= 0 ? device_free_bytes(dev) : UNKNOWN;
-}
-
-static CUresult creation_end(struct creation *c, CUresult rc, CUcontext *pctx)
+static CUresult created(struct creation *c, CUresult rc, CUcontext *pctx)
 {
     if (rc == CUDA_SUCCESS && c->index >= 0 && pctx && *pctx) {
-        uint64_t bytes = measured(c->before, device_free_bytes(c->dev));
+        uint64_t bytes = creation_size(c);
         if (hami_mem_charge(c->index, bytes) < 0) {
             __typeof__(&cuCtxDestroy_v2) destroy = HAMI_REAL(cuCtxDestroy_v2);
             if (destroy)
@@ -195,7 +289,7 @@ static CUresult creation_end(struct creation *c, CUresult rc, CUcontext *pctx)
             hami_res_put(&res);
         }
     }
-    pthread_mutex_unlock(&ctx_lock);
+    creation_end(c);
     return rc;
 }
 
@@ -203,10 +297,10 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 {
     __typeof__(&cuCtxCreate_v2) real = HAMI_REAL(cuCtxCreate_v2);
     if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_FOUND;
     struct creation c;
-    creation_begin(&c, dev);
-    return creation_end(&c, real(pctx, flags, dev), pctx);
+    creation_begin(&c, dev, hami_in_driver ? -1 : hami_region_device_index(dev));
+    return created(&c, HAMI_CALL(real(pctx, flags, dev)), pctx);
 }
 
 HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
@@ -214,10 +308,10 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params
 {
     __typeof__(&cuCtxCreate_v3) real = HAMI_REAL(cuCtxCreate_v3);
     if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_FOUND;
     struct creation c;
-    creation_begin(&c, dev);
-    return creation_end(&c, real(pctx, paramsArray, numParams, flags, dev), pctx);
+    creation_begin(&c, dev, hami_in_driver ? -1 : hami_region_device_index(dev));
+    return created(&c, HAMI_CALL(real(pctx, paramsArray, numParams, flags, dev)), pctx);
 }
 
 HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
@@ -225,19 +319,21 @@ HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreat
 {
     __typeof__(&cuCtxCreate_v4) real = HAMI_REAL(cuCtxCreate_v4);
     if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_FOUND;
     struct creation c;
-    creation_begin(&c, dev);
-    return creation_end(&c, real(pctx, ctxCreateParams, flags, dev), pctx);
+    creation_begin(&c, dev, hami_in_driver ? -1 : hami_region_device_index(dev));
+    return created(&c, HAMI_CALL(real(pctx, ctxCreateParams, flags, dev)), pctx);
 }
 
 HAMI_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     __typeof__(&cuCtxDestroy_v2) real = HAMI_REAL(cuCtxDestroy_v2);
     if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_FOUND;
+    if (hami_in_driver)
+        return real(ctx);
     pthread_mutex_lock(&ctx_lock);
-    CUresult rc = real(ctx);
+    CUresult rc = HAMI_CALL(real(ctx));
     if (rc == CUDA_SUCCESS) {
         struct hami_res res;
         if (hami_res_take(HAMI_RES_CTX, (uint64_t)(uintptr_t)ctx, &res) == 0) {

@@ -8,10 +8,12 @@
     do {                                                             \
         __typeof__(&name) real_ = HAMI_REAL(name);                   \
         if (!real_)                                                  \
-            return CUDA_ERROR_NOT_INITIALIZED;                       \
+            return CUDA_ERROR_NOT_FOUND;                       \
+        if (hami_in_driver)                                          \
+            return real_(__VA_ARGS__);                               \
         int dev_ = hami_current_device_index(NULL);                  \
         hami_sm_before_launch(dev_, (stream));                       \
-        CUresult rc_ = real_(__VA_ARGS__);                           \
+        CUresult rc_ = HAMI_CALL(real_(__VA_ARGS__));                \
         hami_sm_after_launch(dev_, (stream), rc_);                   \
         return rc_;                                                  \
     } while (0)

@@ -51,19 +51,19 @@ void hami_mem_release_ctx(CUcontext ctx)
 #define REAL_OR_FAIL(var, name)                                  \
     __typeof__(&name) var = HAMI_REAL(name);                     \
     if (!var)                                                    \
-        return CUDA_ERROR_NOT_INITIALIZED
+        return CUDA_ERROR_NOT_FOUND
 
 HAMI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     REAL_OR_FAIL(real, cuMemAlloc_v2);
     CUcontext ctx;
     int index = current_index(&ctx);
-    if (index < 0 || !dptr || bytesize == 0)
+    if (index < 0 || !dptr || bytesize == 0 || hami_in_driver)
         return real(dptr, bytesize);
     uint64_t charge = pages(bytesize);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real(dptr, bytesize);
+    CUresult rc = HAMI_CALL(real(dptr, bytesize));
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_MEM, *dptr, index, charge, ctx, NULL);
     else
@@ -76,12 +76,12 @@ HAMI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     REAL_OR_FAIL(real, cuMemAllocManaged);
     CUcontext ctx;
     int index = current_index(&ctx);
-    if (index < 0 || !dptr || bytesize == 0)
+    if (index < 0 || !dptr || bytesize == 0 || hami_in_driver)
         return real(dptr, bytesize, flags);
     uint64_t charge = pages(bytesize);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real(dptr, bytesize, flags);
+    CUresult rc = HAMI_CALL(real(dptr, bytesize, flags));
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_MEM, *dptr, index, charge, ctx, NULL);
     else
@@ -97,14 +97,14 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
     int index = current_index(&ctx);
     uint64_t row = (WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
     if (index < 0 || !dptr || !pPitch || WidthInBytes == 0 || Height == 0 ||
-        row < WidthInBytes)
+        row < WidthInBytes || hami_in_driver)
         return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (Height > UINT64_MAX / row)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t charge = pages(row * Height);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    CUresult rc = HAMI_CALL(real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
     if (rc != CUDA_SUCCESS) {
         hami_mem_uncharge(index, charge);
         return rc;
@@ -218,10 +218,10 @@ static CUresult call_async(enum async_call which, CUdeviceptr *dptr, size_t byte
     case ASYNC_POOL_PTSZ: fn = HAMI_REAL(cuMemAllocFromPoolAsync_ptsz); break;
     }
     if (!fn)
-        return CUDA_ERROR_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_FOUND;
     if (which == ASYNC_CURRENT || which == ASYNC_CURRENT_PTSZ)
-        return ((__typeof__(&cuMemAllocAsync))fn)(dptr, bytes, stream);
-    return ((__typeof__(&cuMemAllocFromPoolAsync))fn)(dptr, bytes, pool, stream);
+        return HAMI_CALL(((__typeof__(&cuMemAllocAsync))fn)(dptr, bytes, stream));
+    return HAMI_CALL(((__typeof__(&cuMemAllocFromPoolAsync))fn)(dptr, bytes, pool, stream));
 }
 
 static void free_async_now(CUdeviceptr ptr, CUstream stream, struct pool_rec *rec)
@@ -280,6 +280,36 @@ static CUresult pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t byte
     return rc;
 }
 
+/* Near the limit a pool grows by more than the request (the driver picks the
+ * granule), so a request that fits the limit could still be refused: it is then
+ * served from plain device memory, charged exactly, and freed synchronously. */
+#define FALLBACK ((void *)1)
+
+static CUresult pool_alloc_or_plain(enum async_call which, CUdeviceptr *dptr, size_t bytes,
+                                    CUmemoryPool pool, CUstream stream, int index)
+{
+    if (hami_in_driver)
+        return call_async(which, dptr, bytes, pool, stream);
+    CUresult rc = pool_alloc(which, dptr, bytes, pool, stream, index);
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !dptr || bytes == 0)
+        return rc;
+    __typeof__(&cuMemAlloc_v2) plain = HAMI_REAL(cuMemAlloc_v2);
+    uint64_t charge = pages(bytes);
+    if (!plain || hami_mem_charge(index, charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUcontext ctx = NULL;
+    CUresult (*get_ctx)(CUcontext *) = HAMI_DRIVER(cuCtxGetCurrent);
+    if (get_ctx)
+        get_ctx(&ctx);
+    rc = HAMI_CALL(plain(dptr, bytes));
+    if (rc == CUDA_SUCCESS)
+        track(HAMI_RES_MEM, *dptr, index, charge, ctx, FALLBACK);
+    else
+        hami_mem_uncharge(index, charge);
+    hami_debug("%zu bytes stream-ordered served from plain memory (rc %d)", bytes, (int)rc);
+    return rc;
+}
+
 static CUresult current_pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t bytes,
                                    CUstream stream)
 {
@@ -291,7 +321,7 @@ static CUresult current_pool_alloc(enum async_call which, CUdeviceptr *dptr, siz
         get_pool = HAMI_DRIVER(cuDeviceGetDefaultMemPool);
     if (index < 0 || !get_pool || get_pool(&pool, dev) != CUDA_SUCCESS || !pool)
         return call_async(which, dptr, bytes, NULL, stream);
-    return pool_alloc(which, dptr, bytes, pool, stream, index);
+    return pool_alloc_or_plain(which, dptr, bytes, pool, stream, index);
 }
 
 static CUresult from_pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t bytes,
@@ -301,7 +331,7 @@ static CUresult from_pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t
     int index = known ? known->index : hami_current_device_index(NULL);
     if (index < 0 || !pool)
         return call_async(which, dptr, bytes, pool, stream);
-    return pool_alloc(which, dptr, bytes, pool, stream, index);
+    return pool_alloc_or_plain(which, dptr, bytes, pool, stream, index);
 }
 
 HAMI_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -337,18 +367,36 @@ static void settle_pool_of(void *pool)
     }
 }
 
+struct async_free {
+    CUstream stream;
+    int ptsz;
+};
+
+static CUresult release_sync(CUdeviceptr dptr, void *arg);
+static CUresult release_async(CUdeviceptr dptr, void *arg);
+
 /* Frees a pointer through `release` and gives back what it held; untracked
  * pointers go to the driver unchanged. */
 static CUresult free_tracked(CUdeviceptr dptr, CUresult (*release)(CUdeviceptr, void *), void *arg)
 {
     struct hami_res res;
     int kind = HAMI_RES_MEM;
+    if (hami_in_driver)
+        return release(dptr, arg);
     if (hami_res_take(HAMI_RES_MEM, dptr, &res) < 0) {
         kind = HAMI_RES_ASYNC;
         if (hami_res_take(HAMI_RES_ASYNC, dptr, &res) < 0)
             return release(dptr, arg);
     }
-    CUresult rc = release(dptr, arg);
+    if (res.aux == FALLBACK && release == release_async) {
+        /* plain memory freed in stream order: wait for the stream, then free it */
+        CUresult (*sync)(CUstream) = HAMI_DRIVER(cuStreamSynchronize);
+        const struct async_free *a = arg;
+        if (sync)
+            sync(a->ptsz && !a->stream ? CU_STREAM_PER_THREAD : a->stream);
+        release = release_sync;
+    }
+    CUresult rc = HAMI_CALL(release(dptr, arg));
     if (rc != CUDA_SUCCESS) {
         hami_res_put(&res);
         return rc;
@@ -364,20 +412,15 @@ static CUresult release_sync(CUdeviceptr dptr, void *arg)
 {
     (void)arg;
     __typeof__(&cuMemFree_v2) real = HAMI_REAL(cuMemFree_v2);
-    return real ? real(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+    return real ? real(dptr) : CUDA_ERROR_NOT_FOUND;
 }
-
-struct async_free {
-    CUstream stream;
-    int ptsz;
-};
 
 static CUresult release_async(CUdeviceptr dptr, void *arg)
 {
     struct async_free *a = arg;
     __typeof__(&cuMemFreeAsync) real =
         a->ptsz ? HAMI_REAL(cuMemFreeAsync_ptsz) : HAMI_REAL(cuMemFreeAsync);
-    return real ? real(dptr, a->stream) : CUDA_ERROR_NOT_INITIALIZED;
+    return real ? real(dptr, a->stream) : CUDA_ERROR_NOT_FOUND;
 }
 
 HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -445,12 +488,12 @@ HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     int index = -1;
     if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
         index = hami_region_device_index(prop->location.id);
-    if (index < 0 || !handle || size == 0)
+    if (index < 0 || !handle || size == 0 || hami_in_driver)
         return real(handle, size, prop, flags);
     uint64_t charge = size;   /* a multiple of the granularity, or the driver refuses */
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real(handle, size, prop, flags);
+    CUresult rc = HAMI_CALL(real(handle, size, prop, flags));
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_VMM, *handle, index, charge, NULL, NULL);
     else
@@ -462,9 +505,9 @@ HAMI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     REAL_OR_FAIL(real, cuMemRelease);
     struct hami_res res;
-    if (hami_res_take(HAMI_RES_VMM, handle, &res) < 0)
+    if (hami_in_driver || hami_res_take(HAMI_RES_VMM, handle, &res) < 0)
         return real(handle);
-    CUresult rc = real(handle);
+    CUresult rc = HAMI_CALL(real(handle));
     if (rc == CUDA_SUCCESS)
         hami_mem_uncharge(res.dev, res.bytes);
     else
@@ -513,12 +556,12 @@ HAMI_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIP
     REAL_OR_FAIL(real, cuArrayCreate_v2);
     CUcontext ctx;
     int index = current_index(&ctx);
-    if (index < 0 || !pHandle || !desc)
+    if (index < 0 || !pHandle || !desc || hami_in_driver)
         return real(pHandle, desc);
     uint64_t charge = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return array_charged(index, charge, real(pHandle, desc), pHandle, ctx);
+    return array_charged(index, charge, HAMI_CALL(real(pHandle, desc)), pHandle, ctx);
 }
 
 HAMI_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
@@ -526,22 +569,22 @@ HAMI_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DES
     REAL_OR_FAIL(real, cuArray3DCreate_v2);
     CUcontext ctx;
     int index = current_index(&ctx);
-    if (index < 0 || !pHandle || !desc)
+    if (index < 0 || !pHandle || !desc || hami_in_driver)
         return real(pHandle, desc);
     uint64_t charge =
         array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return array_charged(index, charge, real(pHandle, desc), pHandle, ctx);
+    return array_charged(index, charge, HAMI_CALL(real(pHandle, desc)), pHandle, ctx);
 }
 
 HAMI_EXPORT CUresult cuArrayDestroy(CUarray hArray)
 {
     REAL_OR_FAIL(real, cuArrayDestroy);
     struct hami_res res;
-    if (hami_res_take(HAMI_RES_ARRAY, (uint64_t)(uintptr_t)hArray, &res) < 0)
+    if (hami_in_driver || hami_res_take(HAMI_RES_ARRAY, (uint64_t)(uintptr_t)hArray, &res) < 0)
         return real(hArray);
-    CUresult rc = real(hArray);
+    CUresult rc = HAMI_CALL(real(hArray));
     if (rc == CUDA_SUCCESS)
         hami_mem_uncharge(res.dev, res.bytes);
     else

@@ -8,6 +8,18 @@
 
 #define HAMI_EXPORT __attribute__((visibility("default")))
 
+/* Depth of driver calls made by libvgpu on this thread. A driver whose entry points
+ * call each other through their exported names would reach our hooks again from
+ * inside one: those inner calls go straight to the driver, uncounted twice. */
+extern __thread int hami_in_driver;
+#define HAMI_CALL(expr)                        \
+    ({                                         \
+        hami_in_driver++;                      \
+        __typeof__(expr) hami_r_ = (expr);     \
+        hami_in_driver--;                      \
+        hami_r_;                               \
+    })
+
 /* symbols.c: the real driver's entry point for `name` (never one of our hooks), or NULL. */
 void *hami_driver_symbol(const char *name);
 
@@ -21,6 +33,9 @@ int hami_region_device_index(CUdevice dev);
 int hami_cuda_uuid(CUdevice dev, char *out, size_t len);
 /* Same for an NVML handle. */
 int hami_region_nvml_index(nvmlDevice_t dev);
+/* A container-wide lock (flock on the region file; -1 when there is none). */
+int hami_region_lock(void);
+void hami_region_unlock(int fd);
 /* Frees the slots of processes that are gone; returns how many. */
 int hami_region_reclaim_dead(void);
 /* True when `pid` is one of the container's live processes (its slot pid or host pid). */

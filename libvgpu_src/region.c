@@ -220,6 +220,31 @@ static void region_once_body(void)
     pthread_atfork(NULL, NULL, forget_slot_in_child);
 }
 
+/* Serialises context creation among the container's processes: a flock on the
+ * region file, which the kernel drops when its holder dies. A fresh descriptor
+ * each time, so a forked child never shares its parent's lock. */
+int hami_region_lock(void)
+{
+    if (!hami_region_get() || !hami_config.region_path)
+        return -1;
+    int fd = open(hami_config.region_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    while (flock(fd, LOCK_EX) < 0) {
+        if (errno != EINTR) {
+            close(fd);
+            return -1;
+        }
+    }
+    return fd;
+}
+
+void hami_region_unlock(int fd)
+{
+    if (fd >= 0)
+        close(fd);   /* drops the lock */
+}
+
 struct hami_region *hami_region_get(void)
 {
     pthread_once(&region_once, region_once_body);

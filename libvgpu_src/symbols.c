@@ -10,6 +10,8 @@
 #include <pthread.h>
 #include <string.h>
 
+__thread int hami_in_driver;
+
 struct hook_entry {
     const char *name;
     void *hook;

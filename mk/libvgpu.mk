@@ -8,3 +8,13 @@ LIBVGPU_LDFLAGS := -shared -Wl,-Bsymbolic-functions -Wl,-z,defs -Wl,--as-needed
 $(BUILD)/libvgpu.so: $(LIBVGPU_SRC) $(LIBVGPU_HDR) mk/libvgpu.mk
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) -fvisibility=hidden $(LIBVGPU_LDFLAGS) -o $@ $(LIBVGPU_SRC) -ldl -lpthread
+
+# Test programs (tests/libvgpu): linked against the simulated libcuda, so that
+# LD_PRELOAD interposition of linked symbols is exercised too.
+LIBVGPU_TEST_PROGS := $(BUILD)/tests/vgpu_probe
+
+$(BUILD)/tests/%: tests/libvgpu/%.c $(BUILD)/sim/lib/libcuda.so libvgpu_src/cuda_api.h libvgpu_src/nvml_api.h
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) -Ilibvgpu_src -pthread -o $@ $< -L$(BUILD)/sim/lib -Wl,--no-as-needed -lcuda -Wl,--as-needed -ldl
+
+build: $(LIBVGPU_TEST_PROGS)

@@ -1,0 +1,72 @@
+"""Fixtures for libvgpu's tests: the probe program on the simulated driver, with or
+without libvgpu preloaded, each test on its own simulated machine (state file)."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BUILD, LIBVGPU, SIM_LIB
+
+PROBE = BUILD / "tests" / "vgpu_probe"
+MIB = 1 << 20
+SKIP_EXIT = 77  # the probe's "the driver lacks an entry point" status
+
+
+def parse_fields(text):
+    """`key=value` pairs of every line of the probe's output (integers)."""
+    out = {}
+    for token in text.split():
+        if "=" in token:
+            key, value = token.split("=", 1)
+            try:
+                out[key] = int(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+class Probe:
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.region = tmp_path / "vgpu.region"
+        self.base_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LD_LIBRARY_PATH": str(SIM_LIB),
+            "HAMI_SIM_STATE": str(tmp_path / "sim.state"),
+        }
+
+    def env(self, preload=True, shared=False, **extra):
+        env = dict(self.base_env)
+        if preload:
+            env["LD_PRELOAD"] = str(LIBVGPU)
+        if shared:
+            env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(self.region)
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def run(self, *args, preload=True, shared=False, timeout=30, check=True, **extra):
+        proc = subprocess.run([str(PROBE), *map(str, args)], env=self.env(preload, shared, **extra),
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode == SKIP_EXIT:
+            pytest.skip(f"simulated driver: {proc.stdout.strip()}")
+        if check and proc.returncode != 0:
+            raise AssertionError(f"probe {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        proc.fields = parse_fields(proc.stdout)
+        return proc
+
+    def start(self, *args, preload=True, shared=True, **extra):
+        return subprocess.Popen([str(PROBE), *map(str, args)], env=self.env(preload, shared, **extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def context_bytes(self):
+        """What a primary context takes on the driver, measured without libvgpu."""
+        return self.run("link", "ctx", preload=False).fields["ctx"]
+
+
+@pytest.fixture
+def probe(tmp_path):
+    for path in (PROBE, LIBVGPU, SIM_LIB / "libcuda.so.1"):
+        if not path.exists():
+            pytest.skip(f"{path} not built (make build sim)")
+    return Probe(tmp_path)

@@ -1,0 +1,70 @@
+"""Memory limit on every allocation path, every way of reaching the driver."""
+import pytest
+
+from .conftest import MIB
+
+LIMIT = 1024 * MIB
+KINDS = ["mem", "pitch", "managed", "async", "pool", "vmm", "array", "array3d"]
+MODES = ["link", "dlsym", "proc", "proc_ptsz"]
+# The bisection stops within 64 KiB; the bar is 2 MiB of limit - used.
+TOLERANCE = 2 * MIB
+
+
+def expect_largest(probe, result, ctx):
+    largest = result.fields["max"]
+    assert result.fields["over_rc"] == 2, result.stdout  # CUDA_ERROR_OUT_OF_MEMORY
+    assert abs((LIMIT - ctx) - largest) <= TOLERANCE, (largest, LIMIT - ctx)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_allocation_path_is_limited(probe, kind):
+    ctx = probe.context_bytes()
+    under = probe.run("link", "alloc", kind, 256 * MIB, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
+    assert under.fields["rc"] == 0
+    over = probe.run("link", "alloc", kind, LIMIT, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
+    assert over.fields["rc"] == 2
+    expect_largest(probe, probe.run("link", "max", kind, CUDA_DEVICE_MEMORY_LIMIT=LIMIT), ctx)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["mem", "async"])
+def test_each_way_of_reaching_the_driver_is_limited(probe, mode, kind):
+    ctx = probe.context_bytes()
+    expect_largest(probe, probe.run(mode, "max", kind, CUDA_DEVICE_MEMORY_LIMIT=LIMIT), ctx)
+
+
+def test_created_context_is_counted(probe):
+    ctx = probe.context_bytes()
+    result = probe.run("link", "max", "mem", CUDA_DEVICE_MEMORY_LIMIT=LIMIT, PROBE_CTX="create")
+    expect_largest(probe, result, ctx)
+
+
+def test_context_larger_than_limit_is_refused(probe):
+    ctx = probe.context_bytes()
+    result = probe.run("link", "info", check=False, CUDA_DEVICE_MEMORY_LIMIT=ctx // 2)
+    assert result.returncode == 3 and "rc=2" in result.stdout, result.stdout
+
+
+def test_per_device_limit_applies_to_its_device_only(probe):
+    result = probe.run("link", "info", CUDA_DEVICE_MEMORY_LIMIT_1="512m")
+    assert result.fields["total"] == 16384 * MIB  # device 0 keeps its size
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_views_report_the_limit(probe, mode):
+    ctx = probe.context_bytes()
+    info = probe.run(mode, "info", CUDA_DEVICE_MEMORY_LIMIT="1g").fields
+    assert info["total"] == LIMIT
+    assert info["memtotal"] == LIMIT
+    assert info["free"] == LIMIT - ctx
+
+
+def test_views_unchanged_without_limit(probe):
+    plain = probe.run("link", "info", preload=False).fields
+    hooked = probe.run("link", "info").fields
+    assert hooked == plain
+
+
+def test_limit_suffixes_are_case_insensitive(probe):
+    for text in ("1073741824", "1048576k", "1024M", "1G", "1g"):
+        assert probe.run("link", "info", CUDA_DEVICE_MEMORY_LIMIT=text).fields["total"] == LIMIT

@@ -1,0 +1,134 @@
+"""One limit shared by the container's processes through the region: atomic across
+processes, given back when a process exits or is killed, never overcommitted."""
+import signal
+import time
+
+import pytest
+
+from .conftest import MIB
+
+HOLD = 300 * MIB
+
+
+def wait_line(proc, prefix, timeout=20):
+    """The first stdout line starting with `prefix`, or fail (never hang)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(prefix):
+            return line
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"no {prefix!r} line: {proc.stderr.read()}")
+
+
+def finish(proc, timeout=20):
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        proc.kill()
+
+
+def test_two_processes_share_one_limit_and_a_third_is_refused(probe):
+    ctx = probe.context_bytes()
+    limit = 3 * ctx + 2 * HOLD + HOLD // 2  # room for two holders and a third context
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": limit}
+    first = probe.start("link", "hold", "mem", HOLD, 2, **env)
+    second = probe.start("link", "hold", "mem", HOLD, 2, **env)
+    try:
+        assert wait_line(first, "held") == "held rc=0\n"
+        assert wait_line(second, "held") == "held rc=0\n"
+        third = probe.run("link", "alloc", "mem", HOLD, shared=True, **env)
+        assert third.fields["rc"] == 2
+    finally:
+        finish(first)
+        finish(second)
+    # both exited: their memory can be taken again
+    again = probe.run("link", "alloc", "mem", 2 * HOLD, shared=True, **env)
+    assert again.fields["rc"] == 0
+
+
+def test_memory_of_a_process_killed_while_allocating_comes_back(probe):
+    ctx = probe.context_bytes()
+    limit = 2 * ctx + HOLD + HOLD // 2
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": limit}
+    churner = probe.start("link", "churn", "mem", HOLD, 30, **env)
+    try:
+        assert wait_line(churner, "ready") == "ready rc=0\n"
+        refused = probe.run("link", "alloc", "mem", HOLD, shared=True, **env)
+        assert refused.fields["rc"] == 2
+        churner.send_signal(signal.SIGKILL)
+        churner.wait(timeout=10)
+    finally:
+        churner.kill()
+    start = time.monotonic()
+    taken = probe.run("link", "alloc", "mem", HOLD, shared=True, timeout=20, **env)
+    assert taken.fields["rc"] == 0
+    assert time.monotonic() - start < 10
+
+
+def test_region_is_created_once_and_keeps_the_creators_limits(probe):
+    holder = probe.start("link", "hold", "mem", HOLD, 2, CUDA_DEVICE_MEMORY_LIMIT="1g")
+    try:
+        assert wait_line(holder, "held") == "held rc=0\n"
+        # a later process's env does not change the region's limit
+        info = probe.run("link", "info", shared=True, CUDA_DEVICE_MEMORY_LIMIT="4g").fields
+        assert info["total"] == 1024 * MIB
+    finally:
+        finish(holder)
+
+
+def test_random_load_from_many_threads_and_processes_never_exceeds_the_limit(probe):
+    limit = 2048 * MIB
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": limit}
+    seconds = 3
+    # The independent reader: the simulated driver's own count, through NVML, without libvgpu.
+    watcher = probe.start("none", "watch", seconds + 3, preload=False, shared=False)
+    start_at = time.time() + 1.0  # every context is made before the load starts
+    workers = [probe.start("link", "stress", 16, seconds, 96, start_at, **env) for _ in range(4)]
+    outputs = []
+    try:
+        for worker in workers:
+            out, err = worker.communicate(timeout=30)
+            assert worker.returncode == 0, (out, err)
+            outputs.append(out)
+        out, _ = watcher.communicate(timeout=30)
+    finally:
+        for p in workers + [watcher]:
+            p.kill()
+    fields = [dict(kv.split("=") for kv in o.split()) for o in outputs]
+    assert sum(int(f["ok"]) for f in fields) > 100
+    assert sum(int(f["refused"]) for f in fields) > 0  # the limit was reached
+    max_used = int(out.split("=")[1])
+    assert 0 < max_used <= limit
+
+
+@pytest.mark.parametrize("content", [b"", b"x" * 100, b"\x01" * 8 + b"\0" * 600000])
+def test_unusable_region_file_means_one_error_and_no_limit(probe, content):
+    probe.region.write_bytes(content) if content else probe.region.write_bytes(b"garbage!")
+    result = probe.run("link", "info", shared=True, CUDA_DEVICE_MEMORY_LIMIT="1g")
+    errors = [l for l in result.stderr.splitlines() if l.startswith("[hami]")]
+    assert len(errors) == 1 and "region" in errors[0], result.stderr
+    assert result.fields["total"] == 16384 * MIB
+
+
+def test_region_from_the_runtime_maps_devices_by_uuid(probe):
+    from hami_runtime import region
+
+    uuids = probe.run("link", "uuids", preload=False).stdout.split()
+    # listed in reverse: region index 0 is CUDA device 1
+    region.create(probe.region, [region.DeviceLimit(uuids[1], 512 * MIB, 0),
+                                 region.DeviceLimit(uuids[0], 1024 * MIB, 0)])
+    info = probe.run("link", "info", shared=True, CUDA_DEVICE_MEMORY_LIMIT="8g").fields
+    assert info["total"] == 1024 * MIB
+    with region.open(probe.region) as r:
+        assert r.state == "ready"
+
+
+def test_process_without_cuda_leaves_no_trace(probe):
+    import subprocess
+
+    subprocess.run(["/bin/true"], env=probe.env(shared=True, CUDA_DEVICE_MEMORY_LIMIT="1g"),
+                   check=True, timeout=10)
+    assert not probe.region.exists()
