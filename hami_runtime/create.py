@@ -13,12 +13,12 @@ import sys
 import time
 from typing import Dict, List
 
-from . import allocator, discovery, modifiers, requests, spec as spec_io, store
-from . import log
+from . import log, modifiers, spec as spec_io, store
 from .config import Config
 from .errors import HamiError
 from .files import atomic_write, process_start
 from .ids import check_container_id
+from .request_keys import mentions_request
 
 IDENTITY_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-namespace",
                  "io.kubernetes.cri.container-name", "io.kubernetes.pod.name",
@@ -32,6 +32,7 @@ def identity(annotations: Dict[str, str]) -> Dict[str, str]:
 
 
 def device_majors(cfg: Config) -> Dict[str, int]:
+    from . import discovery
     majors = discovery.read_majors(cfg.proc_devices)
     # A node that exists under the dev root is the truth for its major.
     for name, node in (("nvidia-frontend", "nvidiactl"), ("nvidia-uvm", "nvidia-uvm")):
@@ -118,7 +119,12 @@ def prepare(cfg: Config, inv) -> bool:
     spec = spec_io.load(bundle)
     annotations = spec.get("annotations") or {}
     env = (spec.get("process") or {}).get("env") or []
-    request = requests.parse(annotations, env, cfg.env_requests)
+    if mentions_request(annotations, env, cfg.env_requests):
+        # Only now the request model, NVML and the allocator are loaded.
+        from . import allocator, discovery, requests
+        request = requests.parse(annotations, env, cfg.env_requests)
+    else:
+        request = None
     if request is None:
         log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
         return False

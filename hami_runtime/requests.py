@@ -10,12 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import HamiError
 
-PREFIXES = ("hami.io/", "nvidia.com/")
-KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu-uuid",
-        "use-gputype", "nouse-gputype", "core-policy", "priority", "vgpu-devices-allocated")
-# Keys that ask for a GPU by themselves; the others only shape a request.
-REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "vgpu-devices-allocated")
-ENV_KEYS = ("HAMI_GPUMEM", "HAMI_GPUCORES", "HAMI_GPUMEM_PERCENTAGE")
+from .request_keys import ENV_KEYS, KEYS, PREFIXES, REQUEST_KEYS
+
 MAX_GPUS = 16
 _NUMBER = re.compile(r"^[0-9]{1,10}$")
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}$")

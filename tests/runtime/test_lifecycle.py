@@ -148,12 +148,18 @@ def test_passthrough_matches_runc(node, args):
     assert (ours.returncode, ours.stdout) == (theirs.returncode, theirs.stdout)
 
 
-def test_passthrough_imports_nothing_heavy(node):
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hami_runtime", "--root",
-                           str(node.runc_root), "list"], capture_output=True, text=True,
-                          env=node.env, timeout=TIMEOUT)
-    assert proc.returncode == 0, proc.stderr
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()
+@pytest.mark.parametrize("args", [["list"], ["create", "--bundle", "{plain}", "plain"]])
+def test_passthrough_imports_nothing_heavy(node, args):
+    """Passthrough, and create of a container with no request, load no heavy module."""
+    plain = node.bundle("plain", args=("true",))
+    args = [a.replace("{plain}", str(plain)) for a in args]
+    err = node.tmp / "importtime"
+    with open(err, "wb") as stderr:  # files, not pipes: a created container inherits them
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hami_runtime", "--root",
+                               str(node.runc_root)] + args, stdout=subprocess.DEVNULL, stderr=stderr,
+                              env=node.env, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, err.read_text()[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in err.read_text().splitlines()
                 if line.startswith("import time:")}
     assert not imported & {"pydantic", "pynvml", "jsonschema", "cffi", "click"}
 

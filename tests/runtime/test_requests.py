@@ -2,6 +2,7 @@
 import pytest
 
 from hami_runtime.errors import HamiError
+from hami_runtime.request_keys import mentions_request
 from hami_runtime.requests import parse
 
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -38,6 +39,8 @@ UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 ])
 def test_parses(annotations, env, expected):
     request = parse(annotations, env)
+    # The cheap pre-check never hides a request.
+    assert mentions_request(annotations, env, True) or request is None
     if expected is None:
         assert request is None
         return

@@ -1,0 +1,148 @@
+"""Added latency of hami-runtime against runc, measured side by side in one run.
+
+  .venv/bin/python bench/runtime_latency.py [--iterations N]
+
+Runs on the simulated GPU (build/sim/hami.toml, state in a temp dir) with a
+busybox bundle and a private runc --root. Each pair of commands is timed
+alternately (runc, then hami-runtime) so that both see the same machine load.
+Prints a markdown table: median and p90 wall time in ms, added ms and ratio.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_CONFIG = ROOT / "build" / "sim" / "hami.toml"
+HAMI = [str(ROOT / ".venv" / "bin" / "hami-runtime")]
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+GPU = {"hami.io/gpumem": "1000", "hami.io/gpucores": "30"}
+
+
+def timed(argv, env):
+    start = time.perf_counter()
+    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, env=env, check=True, timeout=60)
+    return (time.perf_counter() - start) * 1000
+
+
+def quiet(argv, env):
+    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, env=env, timeout=60)
+
+
+class Setup:
+    def __init__(self, work: Path):
+        self.work = work
+        self.root = work / "runc-root"
+        self.rootfs = work / "rootfs"
+        (self.rootfs / "bin").mkdir(parents=True)
+        shutil.copy2(shutil.which("busybox") or "/bin/busybox", self.rootfs / "bin" / "busybox")
+        for applet in ("sh", "sleep", "true"):
+            (self.rootfs / "bin" / applet).symlink_to("busybox")
+        subprocess.run([RUNC, "spec"], cwd=work, check=True)
+        self.template = json.loads((work / "config.json").read_text())
+        self.template["process"]["terminal"] = False
+        self.template["root"] = {"path": str(self.rootfs), "readonly": False}
+        config = work / "hami.toml"
+        config.write_text(SIM_CONFIG.read_text().replace(
+            str(ROOT / "build" / "sim" / "state"), str(work / "state")))
+        (work / "simstate").mkdir()
+        config.write_text(config.read_text().replace(
+            f'"{ROOT / "build" / "sim" / "shared"}"', f'"{work / "simstate"}"'))
+        self.env = {**os.environ, "HAMI_CONFIG": str(config),
+                    "HAMI_SIM_STATE": str(work / "simstate" / "gpu.state")}
+
+    def bundle(self, name, annotations=None, args=("sleep", "60")):
+        path = self.work / name
+        path.mkdir(exist_ok=True)
+        spec = json.loads(json.dumps(self.template))
+        spec["process"]["args"] = list(args)
+        if annotations:
+            spec["annotations"] = annotations
+        (path / "config.json").write_text(json.dumps(spec))
+        return path
+
+    def g(self, *args):
+        return ["--root", str(self.root)] + list(args)
+
+
+def stats(samples):
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iterations", type=int, default=20)
+    n = parser.parse_args().iterations
+    if not SIM_CONFIG.exists():
+        print("run `make build sim venv` first", file=sys.stderr)
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
+    s = Setup(work)
+    env = s.env
+    rows = []
+    try:
+        plain = s.bundle("plain")
+        gpu = s.bundle("gpu", GPU)
+        gpu_spec = (gpu / "config.json").read_bytes()
+        cycle_plain = s.bundle("cycle-plain", args=("true",))
+        cycle_gpu = s.bundle("cycle-gpu", GPU, args=("true",))
+        cycle_gpu_spec = (cycle_gpu / "config.json").read_bytes()
+        quiet([RUNC] + s.g("create", "--bundle", str(plain), "resident"), env)
+        results = {k: ([], []) for k in ("list", "state", "create", "create-plain", "cycle")}
+        for i in range(n):
+            results["list"][0].append(timed([RUNC] + s.g("list"), env))
+            results["list"][1].append(timed(HAMI + s.g("list"), env))
+            results["state"][0].append(timed([RUNC] + s.g("state", "resident"), env))
+            results["state"][1].append(timed(HAMI + s.g("state", "resident"), env))
+            # create of a plain bundle (no request) and of a GPU bundle, each against runc's
+            results["create-plain"][0].append(timed([RUNC] + s.g("create", "--bundle", str(plain), "a"), env))
+            quiet([RUNC] + s.g("delete", "-f", "a"), env)
+            results["create-plain"][1].append(timed(HAMI + s.g("create", "--bundle", str(plain), "a"), env))
+            quiet([RUNC] + s.g("delete", "-f", "a"), env)
+            results["create"][0].append(timed([RUNC] + s.g("create", "--bundle", str(plain), "b"), env))
+            quiet([RUNC] + s.g("delete", "-f", "b"), env)
+            (gpu / "config.json").write_bytes(gpu_spec)
+            results["create"][1].append(timed(HAMI + s.g("create", "--bundle", str(gpu), "b"), env))
+            quiet(HAMI + s.g("delete", "-f", "b"), env)
+            # a whole create / start / delete cycle
+            t = timed([RUNC] + s.g("create", "--bundle", str(cycle_plain), "c"), env)
+            t += timed([RUNC] + s.g("start", "c"), env)
+            t += timed([RUNC] + s.g("delete", "-f", "c"), env)
+            results["cycle"][0].append(t)
+            (cycle_gpu / "config.json").write_bytes(cycle_gpu_spec)
+            t = timed(HAMI + s.g("create", "--bundle", str(cycle_gpu), "c"), env)
+            t += timed(HAMI + s.g("start", "c"), env)
+            t += timed(HAMI + s.g("delete", "-f", "c"), env)
+            results["cycle"][1].append(t)
+        labels = {
+            "list": "passthrough `list`",
+            "state": "passthrough `state <id>`",
+            "create-plain": "`create`, no GPU request",
+            "create": "`create`, GPU request (gpumem 1000, gpucores 30)",
+            "cycle": "`create` + `start` + `delete`, GPU request",
+        }
+        print(f"runtime latency, {n} iterations each, alternating runc / hami-runtime "
+              f"({os.cpu_count()} CPUs)\n")
+        print("| operation | runc median ms | hami median ms | runc p90 ms | hami p90 ms | added ms (median) | ratio |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for key, label in labels.items():
+            (rm, rp), (hm, hp) = stats(results[key][0]), stats(results[key][1])
+            print(f"| {label} | {rm:.1f} | {hm:.1f} | {rp:.1f} | {hp:.1f} | {hm - rm:+.1f} | {hm / rm:.2f} |")
+    finally:
+        for cid in ("resident", "a", "b", "c"):
+            quiet([RUNC] + s.g("delete", "-f", cid), env)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The names a GPU request is written with (light: no pydantic), so that a
+spec without any of them passes through without loading the request model."""
+from __future__ import annotations
+
+from typing import Dict, Iterable
+
+PREFIXES = ("hami.io/", "nvidia.com/")
+KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu-uuid",
+        "use-gputype", "nouse-gputype", "core-policy", "priority", "vgpu-devices-allocated")
+# Keys that ask for a GPU by themselves; the others only shape a request.
+REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "vgpu-devices-allocated")
+ENV_KEYS = ("HAMI_GPUMEM", "HAMI_GPUCORES", "HAMI_GPUMEM_PERCENTAGE")
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+
+
+def mentions_request(annotations: Dict[str, str], env: Iterable[str], env_requests: bool) -> bool:
+    """False only when no request key is present at all (a cheap superset test)."""
+    for key in annotations or {}:
+        for prefix in PREFIXES:
+            if key.startswith(prefix) and key[len(prefix):] in KEYS:
+                return True
+    if env_requests:
+        names = (VISIBLE,) + ENV_KEYS
+        return any(isinstance(e, str) and e.partition("=")[0] in names for e in env or ())
+    return False
