@@ -21,7 +21,7 @@
 #define SIM_MAX_PROCS 1024
 #define SIM_RING 32768                   /* kernel intervals remembered per device */
 #define SIM_STATE_MAGIC 0x3154535f4d495348ULL
-#define SIM_STATE_VERSION 1
+#define SIM_STATE_VERSION 2
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
 #define SIM_HEARTBEAT_NS 1000000000ULL
@@ -75,6 +75,8 @@ struct sim_state {
     uint32_t devices;
     uint64_t memory_bytes;
     pthread_mutex_t lock;                /* process-shared, robust: guards slot claims and charges */
+    uint32_t slot_hwm;                   /* slots at or above this index were never claimed */
+    uint32_t reserved0;
     struct sim_proc_slot procs[SIM_MAX_PROCS];
     struct sim_device_state dev[SIM_MAX_DEVICES];
 };

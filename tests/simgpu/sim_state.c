@@ -234,7 +234,7 @@ static void *heartbeat(void *arg)
 
 static void sweep_locked(struct sim_state *s)
 {
-    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+    for (int i = 0; i < (int)s->slot_hwm; i++) {
         struct sim_proc_slot *p = &s->procs[i];
         if (!p->live || i == self_slot || slot_alive(p))
             continue;
@@ -271,6 +271,8 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
             }
             p->live = 1;
             self_slot = i;
+            if (s->slot_hwm < (uint32_t)i + 1)
+                s->slot_hwm = (uint32_t)i + 1;
             if (!heartbeat_started) {
                 pthread_t t;
                 pthread_attr_t attr;
@@ -291,7 +293,7 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
 static uint64_t sum_used_locked(struct sim_state *s, int dev)
 {
     uint64_t total = 0;
-    for (int i = 0; i < SIM_MAX_PROCS; i++)
+    for (int i = 0; i < (int)s->slot_hwm; i++)
         if (s->procs[i].live)
             total += atomic_load(&s->procs[i].used[dev]);
     return total;
@@ -365,7 +367,7 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
     unsigned n = 0;
     state_lock(s);
     sweep_locked(s);
-    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+    for (int i = 0; i < (int)s->slot_hwm; i++) {
         struct sim_proc_slot *p = &s->procs[i];
         uint64_t used = atomic_load(&p->used[dev]);
         if (!p->live || (used == 0 && atomic_load(&p->contexts[dev]) == 0))

@@ -104,3 +104,18 @@ def test_utilisation_comes_from_busy_time(spawn_py, run_py):
     assert len(samples) == 1 and 15 <= samples[0][1] <= 40
     assert age < 0.5
     assert later == "Not Found"
+
+
+def test_every_launch_path_of_a_compiled_program(sim_env):
+    import subprocess
+    from tests.simgpu.conftest import SIM_TESTS
+    proc = subprocess.run([SIM_TESTS / "sim_launch_paths"], env=sim_env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    results = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
+    expected_ms = {"plain": 30, "packed": 30, "per_thread": 30, "legacy": 30, "cooperative": 30, "launch_ex": 30,
+                   "graph": 60, "cooperative_too_large": 0}
+    for path, ms in expected_ms.items():
+        code, took = results[path]
+        assert code == ("720" if path == "cooperative_too_large" else "0"), path
+        assert ms <= float(took) <= ms + 20, (path, took)
+    assert results["graph_destroyed"] == ["400"] and results["unloaded"] == ["400"]
