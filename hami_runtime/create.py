@@ -23,7 +23,7 @@ from .request_keys import mentions_request
 IDENTITY_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-namespace",
                  "io.kubernetes.cri.container-name", "io.kubernetes.pod.name",
                  "io.kubernetes.pod.namespace", "io.kubernetes.container.name",
-                 "io.container.manager", "io.podman.annotations.name", "nerdctl/name")
+                 "io.container.manager", "nerdctl/name")
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8"]
 
 

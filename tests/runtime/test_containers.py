@@ -76,3 +76,20 @@ def test_full_chain_limit_enforced_in_container(node):
     assert results[0] == ["alloc", "1000", "0"] and results[1] == ["alloc", "1000", "0"]
     assert results[2] == ["alloc", "1500", "2"]  # CUDA_ERROR_OUT_OF_MEMORY: past 3000 MiB
     assert "total 3000" in proc.stdout.splitlines()
+
+
+@pytest.mark.parametrize("request_kind", ["env", "scheduler"])
+def test_second_gpu_by_env_or_scheduler_decision(node, request_kind):
+    gpus = json.loads(node.hamictl("gpus", "--json").stdout)
+    uuid = gpus[1]["uuid"]
+    if request_kind == "env":
+        bundle = node.bundle("e", env=["NVIDIA_VISIBLE_DEVICES=1", "HAMI_GPUMEM=512"],
+                             args=("sh", "-c", "ls /dev; env"))
+    else:
+        bundle = node.bundle("e", {"hami.io/vgpu-devices-allocated": f"{uuid},NVIDIA,512,20:;"},
+                             args=("sh", "-c", "ls /dev; env"))
+    proc = node.runtime("run", "--bundle", str(bundle), "e")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "nvidia1" in lines and "nvidia0" not in lines
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in lines and "CUDA_DEVICE_MEMORY_LIMIT_0=512m" in lines
