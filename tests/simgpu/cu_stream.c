@@ -53,8 +53,9 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&s->m);
         if (op->type == OP_KERNEL) {
             uint64_t dur_ns = op->dur_us * 1000ULL;
-            uint64_t start = sim_book_kernel(s->ctx->dev, dur_ns);
-            sleep_until(start + dur_ns);
+            uint64_t end = sim_book_kernel(s->ctx->dev, dur_ns) + dur_ns;
+            if (end > sim_now_ns())
+                sleep_until(end);
         } else {
             op->fn(op->arg);
         }

@@ -191,7 +191,12 @@ static struct sim_state *open_state(void)
     return NULL;
 }
 
-static void forget_self_in_child(void) { self_slot = -1; heartbeat_started = 0; }
+static void forget_self_in_child(void)
+{
+    self_slot = -1;
+    heartbeat_started = 0;
+    self_pid = (uint32_t)getpid();
+}
 
 struct sim_state *sim_state(void)
 {
@@ -249,7 +254,7 @@ static void sweep_locked(struct sim_state *s)
 /* This process's slot, claimed on first use (state lock held). */
 static struct sim_proc_slot *self_locked(struct sim_state *s)
 {
-    if (self_slot >= 0 && self_pid == (uint32_t)getpid())
+    if (self_slot >= 0)  /* reset in a forked child */
         return &s->procs[self_slot];
     self_pid = (uint32_t)getpid();
     char letter;
@@ -325,7 +330,7 @@ int sim_charge(int dev, uint64_t bytes)
 void sim_uncharge(int dev, uint64_t bytes)
 {
     struct sim_state *s = sim_state();
-    if (!s || self_slot < 0 || self_pid != (uint32_t)getpid())
+    if (!s || self_slot < 0)
         return;
     _Atomic uint64_t *used = &s->procs[self_slot].used[dev];
     uint64_t cur = atomic_load(used);
@@ -395,7 +400,7 @@ uint64_t sim_book_kernel(int dev, uint64_t dur_ns)
     atomic_store(&e->seq, 0);
     e->start_ns = start;
     e->end_ns = start + dur_ns;
-    e->pid = (uint32_t)getpid();
+    e->pid = self_pid;
     e->slot = (uint32_t)self_slot;
     atomic_store(&e->seq, pos + 1);
     return start;
@@ -471,7 +476,7 @@ unsigned sim_busy_pids(int dev, uint64_t from, uint64_t to, uint32_t *pids, uint
 __attribute__((destructor)) static void release_self(void)
 {
     struct sim_state *s = state;
-    if (!s || self_slot < 0 || self_pid != (uint32_t)getpid())
+    if (!s || self_slot < 0)
         return;
     state_lock(s);
     struct sim_proc_slot *p = &s->procs[self_slot];
