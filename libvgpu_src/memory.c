@@ -46,15 +46,15 @@ int hami_mem_charge(int dev, uint64_t bytes)
         __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
         return 0;
     }
-    if (bytes > limit)
-        return -1;
-    if (try_charge(self, dev, bytes, limit) == 0)
-        return 0;
-    /* Before refusing: give back what exited processes and released pool memory held. */
-    hami_region_reclaim_dead();
-    hami_pools_settle_all();
-    if (try_charge(self, dev, bytes, limit) == 0)
-        return 0;
+    if (bytes <= limit) {
+        if (try_charge(self, dev, bytes, limit) == 0)
+            return 0;
+        /* Before refusing: give back what exited processes and released pool memory held. */
+        hami_region_reclaim_dead();
+        hami_pools_settle_all();
+        if (try_charge(self, dev, bytes, limit) == 0)
+            return 0;
+    }
     hami_info("device %d: %llu bytes refused (limit %llu, in use %llu)", dev,
               (unsigned long long)bytes, (unsigned long long)limit,
               (unsigned long long)hami_mem_container_used(dev));

@@ -130,7 +130,12 @@ static void *next_after(const void *caller, const char *name)
     if (!fn || !dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) || !self)
         return NULL;
     for (struct link_map *lm = self->l_next; lm; lm = lm->l_next) {
-        void *sym = fn(lm, name);
+        /* a link map is not always usable as a handle: ask for a real one */
+        void *handle = lm->l_name && lm->l_name[0] ? dlopen(lm->l_name, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+        if (!handle)
+            continue;
+        void *sym = fn(handle, name);
+        dlclose(handle);
         struct link_map *owner = NULL;
         if (sym && dladdr1(sym, &info, (void **)&owner, RTLD_DL_LINKMAP) && owner == lm)
             return sym;

@@ -20,6 +20,7 @@
  *   watch SEC            samples NVML device 0 used bytes (no context); prints maxused=N
  *   launch N             N zero-length kernel launches; prints rc=N
  *   uuids                the devices' UUIDs, one a line
+ *   badfree              frees a pointer never allocated; prints rc=N
  *   rtldnext             checks dlsym(RTLD_NEXT) through libvgpu's dlsym; prints same=1
  * KIND: mem pitch managed async pool vmm array array3d
  * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context.
@@ -520,6 +521,12 @@ int main(int argc, char **argv)
                 CHECK(give(argv[3], &b));
             rc = take(argv[3], bytes, &b);
         }
+        return 0;
+    }
+    if (!strcmp(cmd, "badfree")) {
+        /* a pointer nobody allocated: the driver's answer, whatever it is */
+        NEED(cuMemFree_v2);
+        printf("rc=%d\n", (int)api.cuMemFree_v2((CUdeviceptr)0x1000));
         return 0;
     }
     if (!strcmp(cmd, "stress") && argc > 5) {

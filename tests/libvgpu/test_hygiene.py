@@ -1,0 +1,75 @@
+"""What every process of a container lives with: exports, env mistakes, logging,
+dlsym(RTLD_NEXT) for other interposers, and no trace in programs that never use CUDA."""
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import LIBVGPU, ROOT
+
+from .conftest import MIB
+
+PHYSICAL = 16384 * MIB
+
+
+def hooked_names():
+    text = (ROOT / "libvgpu_src" / "hooks.h").read_text()
+    return set(re.findall(r"^\s*X\((\w+), (?:CUDA|NVML)\)", text, re.M))
+
+
+def test_only_interposed_symbols_are_exported(probe):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(LIBVGPU)], capture_output=True,
+                         text=True, check=True, timeout=30).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert exported == hooked_names() | {"dlsym"}
+
+
+@pytest.mark.parametrize("name, value", [
+    ("CUDA_DEVICE_MEMORY_LIMIT", "banana"),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "-5"),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "12q"),
+    ("CUDA_DEVICE_MEMORY_LIMIT", " 1g"),
+    ("CUDA_DEVICE_MEMORY_LIMIT_0", "99999999999999999999g"),
+    ("CUDA_DEVICE_SM_LIMIT", "250"),
+    ("CUDA_DEVICE_SM_LIMIT", "-1"),
+    ("CUDA_DEVICE_SM_LIMIT_0", "half"),
+    ("GPU_CORE_UTILIZATION_POLICY", "sometimes"),
+    ("CUDA_TASK_PRIORITY", "7"),
+    ("LIBCUDA_LOG_LEVEL", "9"),
+])
+def test_bad_env_value_is_one_line_and_ignored(probe, name, value):
+    result = probe.run("link", "info", **{name: value})
+    lines = [l for l in result.stderr.splitlines() if l.startswith("[hami]")]
+    assert len(lines) == 1, result.stderr
+    assert name in lines[0] and value in lines[0]
+    assert result.fields["total"] == PHYSICAL  # ignored: nothing limited by it
+
+
+def test_log_level_zero_is_silent(probe):
+    result = probe.run("link", "info", CUDA_DEVICE_MEMORY_LIMIT="banana", LIBCUDA_LOG_LEVEL=0)
+    assert "[hami]" not in result.stderr
+
+
+def test_refusal_is_logged_at_info_level(probe):
+    result = probe.run("link", "alloc", "mem", 2048 * MIB, CUDA_DEVICE_MEMORY_LIMIT="1g",
+                       LIBCUDA_LOG_LEVEL=3)
+    assert result.fields["rc"] == 2
+    assert any("refused" in l for l in result.stderr.splitlines() if l.startswith("[hami] info"))
+
+
+def test_rtld_next_still_means_after_the_caller(probe):
+    assert probe.run("none", "rtldnext").fields["same"] == 1
+
+
+def test_program_that_never_uses_cuda_is_untouched(probe):
+    env = probe.env(shared=True, CUDA_DEVICE_MEMORY_LIMIT="1g")
+    result = subprocess.run(["/bin/sh", "-c", "echo ok"], env=env, capture_output=True,
+                            text=True, timeout=10, check=True)
+    assert result.stdout == "ok\n" and result.stderr == ""
+    assert not probe.region.exists()  # nothing mapped, no slot taken
+
+
+def test_untracked_free_goes_to_the_driver_unchanged(probe):
+    plain = probe.run("link", "badfree", preload=False).fields["rc"]
+    hooked = probe.run("link", "badfree", CUDA_DEVICE_MEMORY_LIMIT="1g").fields["rc"]
+    assert hooked == plain != 0
