@@ -11,10 +11,21 @@ KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu
 REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "vgpu-devices-allocated")
 ENV_KEYS = ("HAMI_GPUMEM", "HAMI_GPUCORES", "HAMI_GPUMEM_PERCENTAGE")
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+# A pod's sandbox (pause) container carries the pod annotations too (containerd's
+# pod_annotations, CRI-O); it runs no GPU work and must hold no allocation.
+SANDBOX_MARKERS = (("io.kubernetes.cri.container-type", "sandbox"),
+                   ("io.kubernetes.cri-o.ContainerType", "sandbox"))
+
+
+def is_pod_sandbox(annotations: Dict[str, str]) -> bool:
+    return any((annotations or {}).get(key) == value for key, value in SANDBOX_MARKERS)
 
 
 def mentions_request(annotations: Dict[str, str], env: Iterable[str], env_requests: bool) -> bool:
-    """False only when no request key is present at all (a cheap superset test)."""
+    """False only when no request key is present at all (a cheap superset test),
+    or for a pod's sandbox container."""
+    if is_pod_sandbox(annotations):
+        return False
     for key in annotations or {}:
         for prefix in PREFIXES:
             if key.startswith(prefix) and key[len(prefix):] in KEYS:
