@@ -25,6 +25,10 @@
  *   /proc/<pid>/stat start time differs) is taken by CAS of `owner` from the
  *   dead value to HAMI_OWNER_RECLAIMING; only the winner zeroes the usage and
  *   then stores 0. No lock exists, so no dead process can hold one.
+ *   While a slot is RECLAIMING, `started_ns` is the reclaimer's token: it is
+ *   taken by CAS to the reclaimer's owner value before zeroing and put back to
+ *   0 before `owner` is; a reclaimer killed half-way leaves a token naming a
+ *   dead process, which the next reclaimer takes over the same way.
  */
 #ifndef HAMI_REGION_H
 #define HAMI_REGION_H

@@ -17,4 +17,6 @@ $(BUILD)/tests/%: tests/libvgpu/%.c $(BUILD)/sim/lib/libcuda.so libvgpu_src/cuda
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) -Ilibvgpu_src -pthread -o $@ $< -L$(BUILD)/sim/lib -Wl,--no-as-needed -lcuda -Wl,--as-needed -ldl
 
-build: $(LIBVGPU_TEST_PROGS)
+test: $(LIBVGPU_TEST_PROGS)
+libvgpu-tests: $(LIBVGPU_TEST_PROGS)
+.PHONY: libvgpu-tests

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BUILD, LIBVGPU, SIM_LIB
+from tests.conftest import BUILD, LIBVGPU, ROOT, SIM_LIB
 
 PROBE = BUILD / "tests" / "vgpu_probe"
 MIB = 1 << 20
@@ -64,9 +64,16 @@ class Probe:
         return self.run("link", "ctx", preload=False).fields["ctx"]
 
 
+@pytest.fixture(scope="session")
+def built():
+    """libvgpu, the simulated driver and the probe, built when missing."""
+    needed = (PROBE, LIBVGPU, SIM_LIB / "libcuda.so.1", SIM_LIB / "libnvidia-ml.so.1")
+    if not all(p.exists() for p in needed):
+        subprocess.run(["make", "-s", "-C", str(ROOT), "build", "sim", "libvgpu-tests"],
+                       check=True, timeout=300)
+    return True
+
+
 @pytest.fixture
-def probe(tmp_path):
-    for path in (PROBE, LIBVGPU, SIM_LIB / "libcuda.so.1"):
-        if not path.exists():
-            pytest.skip(f"{path} not built (make build sim)")
+def probe(built, tmp_path):
     return Probe(tmp_path)
