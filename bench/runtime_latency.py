@@ -20,7 +20,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_CONFIG = ROOT / "build" / "sim" / "hami.toml"
-HAMI = [str(ROOT / ".venv" / "bin" / "hami-runtime")]
+# What an engine calls: the C launcher (make build) in front of the Python runtime.
+LAUNCHER = ROOT / "build" / "hami-runtime"
+PY_ENTRY = [str(ROOT / ".venv" / "bin" / "hami-runtime")]
+HAMI = [str(LAUNCHER)] if LAUNCHER.exists() else PY_ENTRY
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 GPU = {"hami.io/gpumem": "1000", "hami.io/gpucores": "30"}
 
@@ -97,8 +100,10 @@ def main() -> int:
         cycle_gpu = s.bundle("cycle-gpu", GPU, args=("true",))
         cycle_gpu_spec = (cycle_gpu / "config.json").read_bytes()
         quiet([RUNC] + s.g("create", "--bundle", str(plain), "resident"), env)
-        results = {k: ([], []) for k in ("list", "state", "create", "create-plain", "cycle")}
+        results = {k: ([], []) for k in ("list", "list-py", "state", "create", "create-plain", "cycle")}
         for i in range(n):
+            results["list-py"][0].append(timed([RUNC] + s.g("list"), env))
+            results["list-py"][1].append(timed(PY_ENTRY + s.g("list"), env))
             results["list"][0].append(timed([RUNC] + s.g("list"), env))
             results["list"][1].append(timed(HAMI + s.g("list"), env))
             results["state"][0].append(timed([RUNC] + s.g("state", "resident"), env))
@@ -125,13 +130,14 @@ def main() -> int:
             results["cycle"][1].append(t)
         labels = {
             "list": "passthrough `list`",
+            "list-py": "passthrough `list`, Python entry point (no launcher)",
             "state": "passthrough `state <id>`",
             "create-plain": "`create`, no GPU request",
             "create": "`create`, GPU request (gpumem 1000, gpucores 30)",
             "cycle": "`create` + `start` + `delete`, GPU request",
         }
         print(f"runtime latency, {n} iterations each, alternating runc / hami-runtime "
-              f"({os.cpu_count()} CPUs)\n")
+              f"({HAMI[0]}; {os.cpu_count()} CPUs)\n")
         print("| operation | runc median ms | hami median ms | runc p90 ms | hami p90 ms | added ms (median) | ratio |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for key, label in labels.items():

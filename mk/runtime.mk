@@ -36,3 +36,11 @@ $(BUILD)/runtime-tests/cuda_alloc: tests/runtime/cuda_alloc.c libvgpu_src/cuda_a
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -Ilibvgpu_src -o $@ $< \
 		-L$(BUILD)/sim/lib -l:libcuda.so.1
+
+# The launcher: passthrough subcommands exec runc with no interpreter start;
+# create/run/delete run the Python runtime of this tree's virtual environment.
+build: $(BUILD)/hami-runtime
+$(BUILD)/hami-runtime: hami_runtime/launcher/hami-runtime.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE \
+		-DHAMI_PYTHON='"$(abspath $(PY))"' -o $@ $<

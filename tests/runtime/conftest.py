@@ -17,6 +17,7 @@ BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 SIM_CONFIG = SIM / "hami.toml"
 CUDA_ALLOC = BUILD / "runtime-tests" / "cuda_alloc"
 RUNTIME = [sys.executable, "-m", "hami_runtime"]
+LAUNCHER = BUILD / "hami-runtime"  # the C front (make build); falls back to RUNTIME
 HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.hamictl import main; sys.exit(main())"]
 APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink")
 TIMEOUT = 60

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from .conftest import RUNC, RUNTIME, TIMEOUT
+from .conftest import LAUNCHER, RUNC, RUNTIME, TIMEOUT
+
+needs_launcher = pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
 
 
 def gpu_uuids(node):
@@ -139,10 +141,15 @@ def test_delete_of_running_container_without_force_keeps_allocation(node):
     assert node.ps() == []
 
 
+ENTRIES = [pytest.param(RUNTIME, id="python"),
+           pytest.param([str(LAUNCHER)], id="launcher", marks=needs_launcher)]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("args", [["--version"], ["list"], ["state", "nope"], ["--log-format=json", "list"],
-                                  ["kill", "nope"], ["features"]])
-def test_passthrough_matches_runc(node, args):
-    ours = node.runtime(*args)
+                                  ["kill", "nope"], ["features"], ["--unknown-flag", "list"]])
+def test_passthrough_matches_runc(node, args, entry):
+    ours = node.runtime(*args, cmd=entry)
     theirs = subprocess.run([RUNC, "--root", str(node.runc_root), "--log", str(node.tmp / "runc.log")]
                             + args, capture_output=True, text=True, timeout=TIMEOUT)
     assert (ours.returncode, ours.stdout) == (theirs.returncode, theirs.stdout)
@@ -178,3 +185,33 @@ def test_hook_release_is_idempotent(node):
                           "poststop"], input='{"id": "../x"}', capture_output=True, text=True,
                          timeout=TIMEOUT)
     assert bad.returncode == 1 and "container id" in bad.stderr
+
+
+@needs_launcher
+def test_launcher_hands_create_and_delete_to_python(node):
+    bundle = node.bundle("l1", {"hami.io/gpumem": "700"})
+    proc = node.create("l1", bundle, cmd=[str(LAUNCHER)])
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["container"], r["memory_mib"]) for r in node.ps()] == [("l1", 700)]
+    assert node.runtime("delete", "-f", "l1", cmd=[str(LAUNCHER)]).returncode == 0
+    assert node.ps() == []
+
+
+@needs_launcher
+@pytest.mark.parametrize("runtime_line,works", [
+    ('runtime = "{runc}"', True),
+    ('runtime = [\n  "{runc}",\n]', True),       # not one line: Python reads it
+    ('runtime = ["/nonexistent/runc", "{runc}"]', True),
+    ('runtime = "{launcher}"', False),              # itself: refused
+    ('runtime = ["/nonexistent/runc"]', False),
+])
+def test_launcher_reads_the_runtime_key(node, runtime_line, works):
+    text = node.config.read_text().splitlines()
+    text = [l for l in text if not l.startswith("runtime")]
+    line = runtime_line.format(runc=RUNC, launcher=LAUNCHER)
+    node.config.write_text(line + "\n" + "\n".join(text) + "\n")
+    proc = node.runtime("list", cmd=[str(LAUNCHER)])
+    if works:
+        assert proc.returncode == 0 and proc.stdout.startswith("ID"), proc.stderr
+    else:
+        assert proc.returncode == 1 and "config runtime" in proc.stderr and proc.stderr.count("\n") == 1

@@ -1,0 +1,195 @@
+/*
+ * hami-runtime launcher: the fast path in front of the Python runtime.
+ *
+ * Passthrough subcommands (everything but create, run and delete) become the
+ * real runtime at once, with no interpreter start: the launcher reads only the
+ * `runtime` key of the config and execs the first executable candidate.
+ * create/run/delete, and anything this launcher does not fully understand
+ * (an unusual config, a runtime that is this program), go to the Python
+ * runtime, which decides and reports errors as usual.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef HAMI_PYTHON
+#define HAMI_PYTHON "/usr/bin/python3"
+#endif
+#define DEFAULT_CONFIG "/etc/hami/config.toml"
+#define MAX_CANDIDATES 16
+#define MAX_CONFIG (256 * 1024)
+
+static const char *const default_runtimes[] = {
+    "/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc", NULL};
+
+/* Global flags of runc that take a value; the boolean ones need no list. */
+static int takes_value(const char *name, size_t len)
+{
+    static const char *const names[] = {"log", "log-format", "root", "criu", "rootless", NULL};
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && strncmp(names[i], name, len) == 0)
+            return 1;
+    return 0;
+}
+
+static int is_bool_flag(const char *name, size_t len)
+{
+    static const char *const names[] = {"debug", "systemd-cgroup", "help", "h", "version", "v", NULL};
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && strncmp(names[i], name, len) == 0)
+            return 1;
+    return 0;
+}
+
+/* The subcommand, or NULL when there is none or a flag is not runc's. */
+static const char *subcommand(int argc, char **argv, int *unknown_flag)
+{
+    *unknown_flag = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (arg[0] != '-' || strcmp(arg, "-") == 0 || strcmp(arg, "--") == 0)
+            return arg;
+        const char *name = arg + (arg[1] == '-' ? 2 : 1);
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        if (takes_value(name, len)) {
+            if (!eq)
+                i++;
+        } else if (!is_bool_flag(name, len)) {
+            *unknown_flag = 1;
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+static void run_python(char **argv)
+{
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    char **args = calloc((size_t)argc + 5, sizeof(char *));
+    if (!args)
+        _exit(1);
+    args[0] = (char *)HAMI_PYTHON;
+    args[1] = (char *)"-I";
+    args[2] = (char *)"-m";
+    args[3] = (char *)"hami_runtime";
+    for (int i = 1; i < argc; i++)
+        args[3 + i] = argv[i];
+    execv(HAMI_PYTHON, args);
+    fprintf(stderr, "hami-runtime: launcher python=%s: %s\n", HAMI_PYTHON, strerror(errno));
+    _exit(1);
+}
+
+/* Reads one TOML basic string at *p ("..." without escapes). */
+static int read_string(const char **p, char *out, size_t size)
+{
+    const char *s = *p;
+    if (*s != '"')
+        return -1;
+    const char *end = strchr(s + 1, '"');
+    if (!end || memchr(s + 1, '\\', (size_t)(end - s - 1)) || memchr(s + 1, '\n', (size_t)(end - s - 1)))
+        return -1;
+    size_t len = (size_t)(end - s - 1);
+    if (len == 0 || len >= size || s[1] != '/')
+        return -1;
+    memcpy(out, s + 1, len);
+    out[len] = '\0';
+    *p = end + 1;
+    return 0;
+}
+
+static const char *skip_blank(const char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    return s;
+}
+
+/*
+ * The `runtime` candidates from the config's top level: a string or a
+ * one-line array of strings. 0 found, 1 absent (defaults), -1 not understood.
+ */
+static int config_runtimes(char cands[][PATH_MAX], int *count)
+{
+    const char *path = getenv("HAMI_CONFIG");
+    int named = path && *path;
+    if (!named)
+        path = DEFAULT_CONFIG;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return (!named && errno == ENOENT) ? 1 : -1;
+    static char text[MAX_CONFIG + 1];
+    size_t n = fread(text, 1, MAX_CONFIG, f);
+    int big = !feof(f);
+    fclose(f);
+    if (big)
+        return -1;
+    text[n] = '\0';
+    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *s = skip_blank(line);
+        if (*s == '[')
+            break; /* tables follow: the key is not at the top level */
+        if (strncmp(s, "runtime", 7) != 0)
+            continue;
+        s = skip_blank(s + 7);
+        if (*s != '=')
+            continue;
+        s = skip_blank(s + 1);
+        *count = 0;
+        if (*s == '"')
+            return read_string(&s, cands[(*count)++], PATH_MAX) == 0 ? 0 : -1;
+        if (*s != '[')
+            return -1;
+        s = skip_blank(s + 1);
+        while (*s != ']') {
+            if (*count >= MAX_CANDIDATES || read_string(&s, cands[(*count)++], PATH_MAX) != 0)
+                return -1;
+            s = skip_blank(s);
+            if (*s == ',')
+                s = skip_blank(s + 1);
+            else if (*s != ']')
+                return -1;
+        }
+        return *count > 0 ? 0 : -1;
+    }
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    int unknown_flag;
+    const char *cmd = subcommand(argc, argv, &unknown_flag);
+    if (cmd && (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "delete")))
+        run_python(argv);
+
+    static char cands[MAX_CANDIDATES][PATH_MAX];
+    int count = 0;
+    int found = config_runtimes(cands, &count);
+    if (found < 0)
+        run_python(argv);
+    if (found == 1)
+        for (count = 0; default_runtimes[count]; count++)
+            snprintf(cands[count], PATH_MAX, "%s", default_runtimes[count]);
+
+    char self[PATH_MAX], real[PATH_MAX];
+    if (!realpath("/proc/self/exe", self))
+        run_python(argv);
+    for (int i = 0; i < count; i++) {
+        struct stat st;
+        if (stat(cands[i], &st) != 0 || !S_ISREG(st.st_mode) || access(cands[i], X_OK) != 0)
+            continue;
+        if (!realpath(cands[i], real) || strcmp(real, self) == 0)
+            run_python(argv); /* Python refuses it with the usual message */
+        argv[0] = cands[i];
+        execv(cands[i], argv);
+        run_python(argv);
+    }
+    run_python(argv); /* no runtime: Python reports it */
+    return 1;
+}
