@@ -15,10 +15,11 @@
  *   launches, never blocking) the difference measured - estimate is charged,
  *   so the bucket holds exactly what was used and the long-run average
  *   converges to the share however wrong the estimate was.
- * - At most SM_WINDOW measured launches per process and device may be in
- *   flight: a process cannot run further ahead of its measurements than that.
+ * - Launches measured but not yet harvested are bounded (SM_PROBES, and
+ *   SM_INFLIGHT_NS of estimated work; one until a first measurement exists):
+ *   a process cannot run further ahead of its measurements than that.
  * - Events measure latency, not occupancy: a launch that waited behind another
- *   container's kernel (or its time slices) looks longer than it ran, and the
+ *   process's kernel (or its time slices) looks longer than it ran, and the
  *   container would pay for the other's work. Every SM_TICK_NS the process
  *   compares what NVML says it used over the last second with what it
  *   measured. Alone on the device, that ratio is a baseline (launch gaps that
@@ -28,7 +29,7 @@
  *   only give back time that was not used; without NVML, or without knowing
  *   the pid NVML knows us by, it stays 1.
  * - Everything shared is updated with atomics; no lock spans processes, so a
- *   process killed at any instant leaves at most one estimate charged.
+ *   process killed at any instant leaves at most its estimates charged.
  *
  * No thread is started and no signal is used. A forked child starts with an
  * empty local state (pthread_atfork child handler): the parent's events belong
@@ -45,14 +46,18 @@
 #include "log.h"
 #include "sm_limiter.h"
 
-#define SM_WINDOW 4                              /* measured launches in flight, per process and device */
+#define SM_PROBES 64                             /* measured launches in flight, per process and device */
+#define SM_INFLIGHT_NS 10000000LL                /* ... and at most this much estimated work */
+#define SM_HARVEST_PENDING 2                     /* a harvest stops at this many unfinished probes */
 #define SM_BURST_WINDOW_NS 50000000LL            /* tokens kept at most: share x 50 ms */
 #define SM_SLEEP_MIN_NS 20000LL
 #define SM_SLEEP_MAX_NS 10000000LL
-#define SM_POLL_NS 200000LL                      /* window full: look again after 0.2 ms */
+#define SM_POLL_NS 200000LL                      /* waiting for a measurement: look every 0.2 ms */
 #define SM_TICK_NS 250000000LL                   /* occupancy correction period */
 #define SM_HISTORY 8                             /* ticks remembered (>= 1 s + 1 tick) */
 #define SM_NVML_WINDOW_NS 1000000000LL           /* what a process utilisation sample covers */
+#define SM_NVML_RETRY_NS 10000000000LL           /* pid unknown to NVML: ask again after 10 s */
+#define SM_NVML_MAX_PROCS 64
 #define SM_FACTOR_MIN 0.5
 #define SM_SMOOTHING 3.0                         /* each tick moves a third of the way */
 #define SM_PID_INIT_NS_INO 0xEFFFFFFCUL          /* inode of the host's pid namespace */
@@ -68,10 +73,13 @@ struct sm_probe {
     int state;
 };
 
+/* What one process knows about its launches on one device. */
 struct sm_local {
     pthread_mutex_t lock;
-    struct sm_probe probes[SM_WINDOW];
+    struct sm_probe probes[SM_PROBES];           /* FIFO in launch order: [head, tail) */
+    unsigned head, tail;
     int in_use;                                  /* probes not FREE */
+    int measured_once;
     int64_t estimate_ns;                         /* running mean of charged launches */
     /* occupancy correction */
     double factor;                               /* charge = measured x factor */
@@ -80,20 +88,21 @@ struct sm_local {
     int64_t next_tick_ns;
     int ticks;
     struct { int64_t at, measured; } history[SM_HISTORY];
-    int nvml_state;                              /* 0 not tried, 1 usable, -1 not usable */
+    int nvml_usable;
+    int64_t nvml_retry_ns;
     nvmlDevice_t nvml_dev;
     unsigned int nvml_pid;
 };
 
 struct sm_driver {
     CUresult (*ctx_get_current)(CUcontext *);
+    CUresult (*ctx_get_device)(CUdevice *);
+    CUresult (*device_uuid)(CUuuid *, CUdevice);
     CUresult (*event_create)(CUevent *, unsigned int);
     CUresult (*event_destroy)(CUevent);
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_query)(CUevent);
     CUresult (*event_elapsed)(float *, CUevent, CUevent);
-    CUresult (*ctx_get_device)(CUdevice *);
-    CUresult (*device_uuid)(CUuuid *, CUdevice);
     nvmlReturn_t (*nvml_init)(void);
     nvmlReturn_t (*nvml_by_uuid)(const char *, nvmlDevice_t *);
     nvmlReturn_t (*nvml_process_util)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
@@ -106,9 +115,9 @@ static uint8_t sm_mode[HAMI_MAX_DEVICES];
 static struct sm_local sm_local[HAMI_MAX_DEVICES];
 static struct sm_driver sm_drv;
 static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
-static int sm_ready;                             /* driver entry points found */
+static int sm_events_ok;                         /* event entry points found */
 
-/* The probe armed by this thread's before_launch, for its after_launch. */
+/* What this thread's before_launch armed, for its after_launch. */
 static __thread int sm_armed_dev = -1;
 static __thread int sm_armed_probe = -1;
 static __thread int64_t sm_armed_charge;
@@ -139,29 +148,26 @@ static void sm_after_fork_child(void)
     sm_armed_probe = -1;
 }
 
+#define SM_RESOLVE(field, name) (*(void **)&sm_drv.field = hami_driver_symbol(name))
+
 static void sm_init_once(void)
 {
     sm_local_reset();
-    sm_drv.ctx_get_current = (CUresult(*)(CUcontext *))hami_driver_symbol("cuCtxGetCurrent");
-    sm_drv.event_create = (CUresult(*)(CUevent *, unsigned int))hami_driver_symbol("cuEventCreate");
-    sm_drv.event_destroy = (CUresult(*)(CUevent))hami_driver_symbol("cuEventDestroy_v2");
-    sm_drv.event_record = (CUresult(*)(CUevent, CUstream))hami_driver_symbol("cuEventRecord");
-    sm_drv.event_query = (CUresult(*)(CUevent))hami_driver_symbol("cuEventQuery");
-    sm_drv.event_elapsed =
-        (CUresult(*)(float *, CUevent, CUevent))hami_driver_symbol("cuEventElapsedTime");
-    sm_drv.ctx_get_device = (CUresult(*)(CUdevice *))hami_driver_symbol("cuCtxGetDevice");
-    sm_drv.device_uuid = (CUresult(*)(CUuuid *, CUdevice))hami_driver_symbol("cuDeviceGetUuid_v2");
-    sm_drv.nvml_init = (nvmlReturn_t(*)(void))hami_driver_symbol("nvmlInit_v2");
-    sm_drv.nvml_by_uuid =
-        (nvmlReturn_t(*)(const char *, nvmlDevice_t *))hami_driver_symbol("nvmlDeviceGetHandleByUUID");
-    sm_drv.nvml_process_util =
-        (nvmlReturn_t(*)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
-                         unsigned long long))hami_driver_symbol("nvmlDeviceGetProcessUtilization");
-    sm_drv.nvml_running = (nvmlReturn_t(*)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *))
-        hami_driver_symbol("nvmlDeviceGetComputeRunningProcesses_v3");
-    sm_ready = sm_drv.ctx_get_current && sm_drv.event_create && sm_drv.event_destroy &&
-               sm_drv.event_record && sm_drv.event_query && sm_drv.event_elapsed;
-    if (!sm_ready)
+    SM_RESOLVE(ctx_get_current, "cuCtxGetCurrent");
+    SM_RESOLVE(ctx_get_device, "cuCtxGetDevice");
+    SM_RESOLVE(device_uuid, "cuDeviceGetUuid_v2");
+    SM_RESOLVE(event_create, "cuEventCreate");
+    SM_RESOLVE(event_destroy, "cuEventDestroy_v2");
+    SM_RESOLVE(event_record, "cuEventRecord");
+    SM_RESOLVE(event_query, "cuEventQuery");
+    SM_RESOLVE(event_elapsed, "cuEventElapsedTime");
+    SM_RESOLVE(nvml_init, "nvmlInit_v2");
+    SM_RESOLVE(nvml_by_uuid, "nvmlDeviceGetHandleByUUID");
+    SM_RESOLVE(nvml_process_util, "nvmlDeviceGetProcessUtilization");
+    SM_RESOLVE(nvml_running, "nvmlDeviceGetComputeRunningProcesses_v3");
+    sm_events_ok = sm_drv.ctx_get_current && sm_drv.event_create && sm_drv.event_destroy &&
+                   sm_drv.event_record && sm_drv.event_query && sm_drv.event_elapsed;
+    if (!sm_events_ok)
         hami_error("SM limit: driver event functions missing; launches are charged by estimate only");
     pthread_atfork(NULL, NULL, sm_after_fork_child);
 }
@@ -184,6 +190,8 @@ static uint8_t sm_decide(int dev)
     __atomic_store_n(&sm_mode[dev], mode, __ATOMIC_RELAXED);
     return mode;
 }
+
+/* ---- the shared bucket ---- */
 
 /* Adds share x (wall time since the last refill) to the bucket, capped. */
 static void sm_refill(struct hami_sm_state *st, uint32_t share, int64_t now)
@@ -209,22 +217,31 @@ static void sm_charge(struct hami_sm_state *st, int64_t ns)
         __atomic_sub_fetch(&st->tokens_ns, ns, __ATOMIC_ACQ_REL);
 }
 
+/* ---- measurements ---- */
+
 static void sm_probe_release(struct sm_local *loc, struct sm_probe *p)
 {
     p->state = PROBE_FREE;
     loc->in_use--;
+    while (loc->head != loc->tail && loc->probes[loc->head % SM_PROBES].state == PROBE_FREE)
+        loc->head++;
 }
 
-/* Collects every finished measurement of this process on `dev` (never waits). */
+/* Charges what finished launches really used, oldest first; never waits. */
 static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
 {
-    for (int i = 0; i < SM_WINDOW; i++) {
-        struct sm_probe *p = &loc->probes[i];
-        if (p->state != PROBE_FLYING)
+    int pending = 0;
+    for (unsigned i = loc->head; i != loc->tail && pending < SM_HARVEST_PENDING; i++) {
+        struct sm_probe *p = &loc->probes[i % SM_PROBES];
+        if (p->state != PROBE_FLYING) {
+            pending += p->state == PROBE_ARMED;
             continue;
+        }
         CUresult r = sm_drv.event_query(p->end);
-        if (r == CUDA_ERROR_NOT_READY)
+        if (r == CUDA_ERROR_NOT_READY) {
+            pending++;
             continue;
+        }
         float ms = 0;
         if (r == CUDA_SUCCESS && sm_drv.event_elapsed(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
             int64_t ns = (int64_t)((double)ms * 1e6);
@@ -235,12 +252,54 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
             struct hami_proc_slot *self = hami_region_self();
             if (self)
                 __atomic_add_fetch(&self->sm_busy_ns[dev], (uint64_t)used, __ATOMIC_RELAXED);
-            loc->estimate_ns += (used - loc->estimate_ns) / 4;
+            loc->estimate_ns = loc->measured_once ? loc->estimate_ns + (used - loc->estimate_ns) / 4 : used;
+            loc->measured_once = 1;
         }
-        /* A failed query (context gone) keeps the estimate as the charge. */
+        /* a failed query (context gone) leaves the estimate as the charge */
         sm_probe_release(loc, p);
     }
 }
+
+/* The next probe, with events in the current context; -1 if none can be had. */
+static int sm_probe_get(struct sm_local *loc)
+{
+    if (loc->tail - loc->head >= SM_PROBES)
+        return -1;
+    CUcontext ctx = NULL;
+    if (sm_drv.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
+        return -1;
+    int idx = (int)(loc->tail % SM_PROBES);
+    struct sm_probe *p = &loc->probes[idx];
+    if (p->ctx != ctx) {
+        if (p->ctx) {
+            sm_drv.event_destroy(p->start);
+            sm_drv.event_destroy(p->end);
+            p->ctx = NULL;
+        }
+        if (sm_drv.event_create(&p->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+            return -1;
+        if (sm_drv.event_create(&p->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+            sm_drv.event_destroy(p->start);
+            return -1;
+        }
+        p->ctx = ctx;
+    }
+    return idx;
+}
+
+/* May another launch go before older ones are measured? */
+static int sm_window_open(const struct sm_local *loc)
+{
+    if (!sm_events_ok)
+        return 1;
+    if (loc->tail - loc->head >= SM_PROBES)
+        return 0;
+    if (!loc->measured_once)
+        return loc->in_use == 0;
+    return loc->in_use == 0 || loc->in_use * loc->estimate_ns < SM_INFLIGHT_NS;
+}
+
+/* ---- occupancy correction through NVML ---- */
 
 /* The pid NVML reports this process as: the host pid the hook recorded, our
  * own pid when we live in the host's pid namespace, or else our own pid only
@@ -260,8 +319,8 @@ static unsigned int sm_nvml_pid(nvmlDevice_t nvml_dev)
     unsigned int pid = (unsigned int)getpid();
     if (ino == SM_PID_INIT_NS_INO)
         return pid;
-    nvmlProcessInfo_t infos[64];
-    unsigned int count = 64;
+    nvmlProcessInfo_t infos[SM_NVML_MAX_PROCS];
+    unsigned int count = SM_NVML_MAX_PROCS;
     if (!sm_drv.nvml_running || sm_drv.nvml_running(nvml_dev, &count, infos) != NVML_SUCCESS)
         return 0;
     for (unsigned int i = 0; i < count; i++)
@@ -270,12 +329,14 @@ static unsigned int sm_nvml_pid(nvmlDevice_t nvml_dev)
     return 0;
 }
 
-/* NVML's view of the launching context's device, once per process and device. */
-static int sm_nvml_open(struct sm_local *loc)
+/* NVML's view of the launching context's device and our pid in it. */
+static int sm_nvml_open(struct sm_local *loc, int64_t now)
 {
-    if (loc->nvml_state)
-        return loc->nvml_state > 0;
-    loc->nvml_state = -1;
+    if (loc->nvml_usable)
+        return 1;
+    if (now < loc->nvml_retry_ns)
+        return 0;
+    loc->nvml_retry_ns = now + SM_NVML_RETRY_NS;
     CUdevice cu_dev;
     CUuuid uuid;
     if (!sm_drv.nvml_init || !sm_drv.nvml_by_uuid || !sm_drv.nvml_process_util || !sm_drv.ctx_get_device ||
@@ -291,10 +352,10 @@ static int sm_nvml_open(struct sm_local *loc)
         return 0;
     loc->nvml_pid = sm_nvml_pid(loc->nvml_dev);
     if (!loc->nvml_pid) {
-        hami_info("SM limit: no pid known to NVML; launches are charged as measured");
+        hami_info("SM limit: this process's pid is unknown to NVML; launches are charged as measured");
         return 0;
     }
-    loc->nvml_state = 1;
+    loc->nvml_usable = 1;
     return 1;
 }
 
@@ -302,8 +363,8 @@ static int sm_nvml_open(struct sm_local *loc)
  * (-1 if none), and whether any other process used the device meanwhile. */
 static int sm_nvml_util(struct sm_local *loc, int *others)
 {
-    nvmlProcessUtilizationSample_t samples[64];
-    unsigned int count = 64;
+    nvmlProcessUtilizationSample_t samples[SM_NVML_MAX_PROCS];
+    unsigned int count = SM_NVML_MAX_PROCS;
     *others = 0;
     if (sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, 0) != NVML_SUCCESS)
         return -1;
@@ -322,9 +383,8 @@ static int sm_nvml_util(struct sm_local *loc, int *others)
 
 /* Every SM_TICK_NS: compare NVML's occupancy with our measurements of about
  * the same second. While the process has the device to itself their ratio is
- * the baseline (launch gaps, NVML's rounding); while others use it too, the
- * ratio below that baseline is time spent waiting for them, and the charge
- * factor follows it. */
+ * the baseline; while others use it too, the ratio below that baseline is
+ * time spent waiting for them, and the charge factor follows it. */
 static void sm_correct(struct sm_local *loc, int64_t now)
 {
     if (now < loc->next_tick_ns)
@@ -333,7 +393,7 @@ static void sm_correct(struct sm_local *loc, int64_t now)
     int slot = loc->ticks++ % SM_HISTORY;
     loc->history[slot].at = now;
     loc->history[slot].measured = loc->measured_ns;
-    if (loc->ticks <= (int)(SM_NVML_WINDOW_NS / SM_TICK_NS) || !sm_nvml_open(loc))
+    if (loc->ticks <= (int)(SM_NVML_WINDOW_NS / SM_TICK_NS) || !sm_nvml_open(loc, now))
         return;
     /* the remembered tick nearest one NVML window ago */
     int then = -1;
@@ -371,34 +431,7 @@ static void sm_correct(struct sm_local *loc, int64_t now)
                100.0 * (double)measured / (double)span, others, loc->baseline, loc->factor);
 }
 
-/* A free probe whose events live in the current context, or -1. */
-static int sm_probe_get(struct sm_local *loc)
-{
-    CUcontext ctx = NULL;
-    if (sm_drv.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
-        return -1;
-    for (int i = 0; i < SM_WINDOW; i++) {
-        struct sm_probe *p = &loc->probes[i];
-        if (p->state != PROBE_FREE)
-            continue;
-        if (p->ctx != ctx) {
-            if (p->ctx) {
-                sm_drv.event_destroy(p->start);
-                sm_drv.event_destroy(p->end);
-                p->ctx = NULL;
-            }
-            if (sm_drv.event_create(&p->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
-                return -1;
-            if (sm_drv.event_create(&p->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-                sm_drv.event_destroy(p->start);
-                return -1;
-            }
-            p->ctx = ctx;
-        }
-        return i;
-    }
-    return -1;
-}
+/* ---- launch path ---- */
 
 static void sm_sleep(int64_t ns)
 {
@@ -427,18 +460,18 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             return;
         }
         int64_t now = sm_now_ns();
-        if (sm_ready) {
+        if (sm_events_ok) {
             sm_harvest(loc, st, dev);
             sm_correct(loc, now);
         }
         sm_refill(st, share, now);
         int64_t tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
-        int window_full = sm_ready && loc->in_use >= SM_WINDOW;
-        if (tokens > 0 && !window_full)
+        int window_open = sm_window_open(loc);
+        if (tokens > 0 && window_open)
             break;
-        /* Sleep until the deficit has refilled (or a measurement may be in). */
+        /* sleep until the deficit has refilled, or look again for a measurement */
         int64_t wait = tokens > 0 ? SM_POLL_NS : -tokens / share * 100 + SM_SLEEP_MIN_NS;
-        if (window_full && wait > SM_POLL_NS)
+        if (!window_open && wait > SM_POLL_NS)
             wait = SM_POLL_NS;
         pthread_mutex_unlock(&loc->lock);
         sm_sleep(wait);
@@ -447,13 +480,14 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
 
     int64_t estimate = loc->estimate_ns;
     sm_charge(st, estimate);
-    int idx = sm_ready ? sm_probe_get(loc) : -1;
+    int idx = sm_events_ok ? sm_probe_get(loc) : -1;
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
         if (sm_drv.event_record(p->start, stream) == CUDA_SUCCESS) {
             p->state = PROBE_ARMED;
             p->charged_ns = estimate;
             loc->in_use++;
+            loc->tail++;
         } else {
             idx = -1;
         }

@@ -3,8 +3,9 @@
  * driver and reports how many completed, per second of a measured window.
  *
  *   sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph]
- *           [-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE]
+ *           [-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS]
  *
+ * Launches go round-robin over STREAMS streams (default 1).
  * Completion times come from events recorded after each launch (device time,
  * converted to CLOCK_MONOTONIC through a reference event recorded on an idle
  * stream). The window starts at -s (an absolute CLOCK_MONOTONIC time, so that
@@ -24,6 +25,7 @@
 #include "cuda_api.h"
 
 #define MAX_QUEUE 256
+#define MAX_STREAMS 8
 #define MAX_SECONDS 120
 
 static void die(const char *what, CUresult r)
@@ -50,7 +52,7 @@ static int64_t now_ns(void)
 static void usage(void)
 {
     fprintf(stderr, "usage: sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph] "
-                    "[-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE]\n");
+                    "[-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS]\n");
     exit(1);
 }
 
@@ -58,11 +60,11 @@ int main(int argc, char **argv)
 {
     unsigned long long kernel_us = 0;
     double seconds = 0, warmup = 1.0;
-    int dev_index = 0, queue = 16;
+    int dev_index = 0, queue = 16, nstreams = 1;
     long long start_at = 0;
     const char *mode = "kernel";
     int opt;
-    while ((opt = getopt(argc, argv, "u:t:d:m:w:s:q:")) != -1) {
+    while ((opt = getopt(argc, argv, "u:t:d:m:w:s:q:n:")) != -1) {
         switch (opt) {
         case 'u': kernel_us = strtoull(optarg, NULL, 10); break;
         case 't': seconds = atof(optarg); break;
@@ -71,10 +73,12 @@ int main(int argc, char **argv)
         case 'w': warmup = atof(optarg); break;
         case 's': start_at = atoll(optarg); break;
         case 'q': queue = atoi(optarg); break;
+        case 'n': nstreams = atoi(optarg); break;
         default: usage();
         }
     }
-    if (!kernel_us || seconds <= 0 || seconds > MAX_SECONDS || queue < 1 || queue > MAX_QUEUE)
+    if (!kernel_us || seconds <= 0 || seconds > MAX_SECONDS || queue < 1 || queue > MAX_QUEUE ||
+        nstreams < 1 || nstreams > MAX_STREAMS)
         usage();
     int is_graph = !strcmp(mode, "graph"), is_ex = !strcmp(mode, "ex"), is_coop = !strcmp(mode, "coop");
     if (!is_graph && !is_ex && !is_coop && strcmp(mode, "kernel"))
@@ -84,14 +88,16 @@ int main(int argc, char **argv)
     CUcontext ctx;
     CUmodule mod;
     CUfunction fn;
-    CUstream stream;
+    CUstream streams[MAX_STREAMS];
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&dev, dev_index));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuModuleLoadData(&mod, "sim"));
     CHECK(cuModuleGetFunction(&fn, mod, "spin"));
-    CHECK(cuStreamCreate(&stream, 0));
+    for (int i = 0; i < nstreams; i++)
+        CHECK(cuStreamCreate(&streams[i], 0));
+    CUstream stream = streams[0];
 
     void *params[] = {&kernel_us};
     CUgraphExec graph_exec = NULL;
@@ -143,6 +149,7 @@ int main(int argc, char **argv)
         if (stop)
             break;
         CUresult r;
+        stream = streams[launched % nstreams];
         HARNESS_BEFORE(stream);
         if (is_graph) {
             r = cuGraphLaunch(graph_exec, stream);

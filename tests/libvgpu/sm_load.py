@@ -19,7 +19,7 @@ SIM_LIB = BUILD / "sim" / "lib"
 LIBVGPU = BUILD / "libvgpu.so"
 SM_LOAD = BUILD / "tests" / "sm" / "sm_load"
 
-KERNEL_US = 4000          # a few ms per kernel: scheduling noise stays small against it
+KERNEL_US = 10000         # 10 ms kernels: launch gaps and scheduling noise stay small against them
 WARMUP_S = 1.0
 
 
@@ -36,6 +36,7 @@ class Load:
     sm_limit: int | None = None
     policy: str | None = None
     mode: str = "kernel"
+    streams: int = 1
 
 
 def load_env(load: Load, sim_state: Path) -> dict[str, str]:
@@ -59,7 +60,7 @@ def run_together(loads: list[Load], sim_state: Path, seconds: float,
     start_at = time.monotonic_ns() + int(WARMUP_S * 1e9)
     procs = [subprocess.Popen(
         [str(SM_LOAD), "-u", str(kernel_us), "-t", str(seconds), "-m", load.mode,
-         "-s", str(start_at)],
+         "-n", str(load.streams), "-s", str(start_at)],
         env=load_env(load, sim_state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for load in loads]
     results = []
