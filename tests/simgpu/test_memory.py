@@ -112,3 +112,19 @@ def test_context_create_and_destroy_take_and_free_memory(run_py):
         c.call("cuDevicePrimaryCtxRelease_v2", 0); print(c.rc("cuMemGetInfo_v2", ctypes.byref(ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())))
     """).split()
     assert out == ["16084", "15284", "True", "0", "True", "15584", "201", "201", "16084", "201"]
+
+
+def test_copies_use_real_backing_memory(run_py):
+    out = run_py("""
+        c = Cuda(); c.init(0)
+        p = c.alloc(16 << 20)
+        src = ctypes.create_string_buffer(b"simulated", 9); dst = ctypes.create_string_buffer(9)
+        c.call("cuMemsetD8_v2", ctypes.c_uint64(p), 0x41, ctypes.c_size_t(16 << 20))
+        c.call("cuMemcpyHtoD_v2_ptds", ctypes.c_uint64(p + 100), src, ctypes.c_size_t(9))
+        c.call("cuMemcpyDtoH_v2", dst, ctypes.c_uint64(p + 98), ctypes.c_size_t(9))
+        past_end = c.rc("cuMemcpyDtoH_v2", dst, ctypes.c_uint64(p + (16 << 20) - 4), ctypes.c_size_t(9))
+        c.free(p)
+        freed = c.rc("cuMemcpyDtoH_v2", dst, ctypes.c_uint64(p), ctypes.c_size_t(9))
+        print(dst.raw.decode(), past_end, freed)
+    """).split()
+    assert out == ["AAsimulat", "1", "1"]
