@@ -33,7 +33,10 @@ EOF
 else
     where="the simulated GPU (no NVIDIA driver on this host)"
     driver_libs="$ROOT/build/sim/lib/libcuda.so.1 $ROOT/build/sim/lib/libnvidia-ml.so.1 $ROOT/build/sim/bin/nvidia-smi"
-    sed "s|^state_dir = .*|state_dir = \"$WORK/state\"|" build/sim/hami.toml > "$WORK/hami.toml"
+    # The demo's own allocator state and simulated-GPU state, removed at the end.
+    mkdir -m 1777 "$WORK/sim-shared"
+    sed -e "s|^state_dir = .*|state_dir = \"$WORK/state\"|" \
+        -e "s|^source = \".*/shared\"$|source = \"$WORK/sim-shared\"|" build/sim/hami.toml > "$WORK/hami.toml"
 fi
 export HAMI_CONFIG=$WORK/hami.toml
 

@@ -97,18 +97,19 @@ def write_rootfs_tar(rootfs: Path, target: Path) -> None:
             tar.add(entry, arcname=entry.name, filter=_reset)
 
 
-def write_docker_archive(layer_tar: Path, target: Path) -> None:
+def write_docker_archive(layer_tar: Path, target: Path, tag: str = IMAGE_TAG,
+                         cmd: tuple = (PROBE_IN_IMAGE, "info")) -> None:
     layer = layer_tar.read_bytes()
     diff_id = hashlib.sha256(layer).hexdigest()
     config = json.dumps({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": ["PATH=/usr/local/bin:/bin"], "Cmd": [PROBE_IN_IMAGE, "info"]},
+        "config": {"Env": ["PATH=/usr/local/bin:/bin"], "Cmd": list(cmd)},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
         "history": [{"created_by": "scripts/probe/build_image.py"}],
     }, sort_keys=True).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [IMAGE_TAG],
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag],
                             "Layers": [f"{diff_id}/layer.tar"]}]).encode()
     with tarfile.open(target, "w") as tar:
         for name, data in ((config_name, config), (f"{diff_id}/layer.tar", layer),

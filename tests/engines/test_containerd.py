@@ -2,84 +2,21 @@
 started with `ctr run` through the handler's BinaryName, with the annotations of
 examples/containerd/pod.yaml (what the CRI passes through pod_annotations)."""
 import re
-import sys
 
 import pytest
-import yaml
 
-from tests.conftest import ROOT
-from tests.engines.conftest import MiB, Daemon, need, run, wait_for
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from tests.engines.containerd_engine import pod_example, running_containerd
+from tests.engines.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
 
-class Containerd:
-    def __init__(self, daemon, config, socket):
-        self.daemon, self.config, self.socket = daemon, config, socket
-        self.binary_name = ""
-        self.image = ""
-
-    def ctr(self, *args, timeout=120, check=False):
-        return run(["ctr", "--address", self.socket, *args], timeout=timeout, check=check)
-
-    def run_gpu(self, cid, annotations, *args, detach=False, timeout=120):
-        notes = [a for k, v in annotations.items() for a in ("--annotation", f"{k}={v}")]
-        return self.ctr("run", *(["-d"] if detach else ["--rm"]), "--runc-binary",
-                        self.binary_name, *notes, self.image, cid, *args, timeout=timeout)
-
-    def merged_config(self):
-        dumped = run([self.daemon.argv[0], "--config", self.config, "config", "dump"],
-                     check=True, timeout=60)
-        return tomllib.loads(dumped.stdout)
-
-    def remove(self, cid):
-        self.ctr("task", "kill", "--signal", "SIGKILL", cid, timeout=30)
-        self.ctr("task", "delete", "--force", cid, timeout=30)
-        self.ctr("container", "delete", cid, timeout=30)
-
-
 @pytest.fixture(scope="module")
 def containerd(engines_installed, hami, probe_image, tmp_path_factory):
-    binary = need("containerd", engines_installed)
-    need("ctr", engines_installed)
     root = tmp_path_factory.mktemp("containerd")
     dropin = hami.render("containerd/hami.toml", root / "hami.toml")
-    socket = root / "containerd.sock"
-    config = root / "config.toml"
-    config.write_text(f'''version = 2
-root = "{root / "root"}"
-state = "{root / "state"}"
-imports = ["{dropin}"]
-[grpc]
-  address = "{socket}"
-[ttrpc]
-  address = "{socket}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-''')
-    daemon = Daemon("containerd", root, [binary, "--config", config])
-    engine = Containerd(daemon, config, socket)
-    daemon.start(lambda: socket.exists() and engine.ctr("version", timeout=10).returncode == 0)
-    try:
-        imported = engine.ctr("image", "import", probe_image / "image.tar", check=True)
-        engine.image = re.search(r"unpacking (\S+)", imported.stdout).group(1)
-        # ctr run goes through the runtime the way the handler would: its BinaryName.
-        plugins = engine.merged_config()["plugins"]
-        engine.binary_name = plugins["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][
-            "hami"]["options"]["BinaryName"]
+    with running_containerd(engines_installed, root, dropin, probe_image) as engine:
         yield engine
-    finally:
-        listed = engine.ctr("container", "list", "--quiet", timeout=30).stdout.split()
-        for cid in listed:
-            engine.remove(cid)
-        daemon.stop()
 
 
 def test_dropin_defines_the_hami_handler(containerd, hami):
@@ -93,11 +30,6 @@ def test_dropin_defines_the_hami_handler(containerd, hami):
     plugins_loaded = containerd.ctr("plugins", "ls", check=True).stdout
     assert re.search(r"io\.containerd\.grpc\.v1\s+cri\s+linux/amd64\s+ok", plugins_loaded), \
         plugins_loaded
-
-
-def pod_example():
-    pod = yaml.safe_load((ROOT / "examples" / "containerd" / "pod.yaml").read_text())
-    return pod["metadata"]["annotations"], pod["spec"]["containers"][0]["command"]
 
 
 def test_pod_annotations_give_the_limits(containerd, hami):
