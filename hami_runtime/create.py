@@ -136,6 +136,8 @@ def prepare(cfg: Config, inv) -> bool:
     with store.transaction(cfg.state_dir, [inv.root]) as state:
         if cid in state.allocations:
             raise HamiError("container id", cid, "already has a GPU allocation")
+        if os.path.lexists(os.path.join(inv.root, cid)):
+            raise HamiError("container id", cid, f"a container with this id exists under {inv.root}")
         grants = allocator.allocate(
             request, gpus, state.allocations.values(), split_count=cfg.split_count,
             memory_scaling=cfg.memory_scaling, default_memory_mib=cfg.default_memory_mib,

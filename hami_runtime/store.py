@@ -131,6 +131,11 @@ class State:
     def reconcile(self) -> None:
         for cid in [c for c, e in self.allocations.items() if not entry_alive(e)]:
             self.release(cid)
+        # Temp files of an interrupted atomic write (only written under this lock).
+        for name in os.listdir(self.state_dir):
+            if name.startswith(".hami-"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.state_dir, name))
         # Dirs that no entry owns come from a crash between steps: drop them.
         for sub in ("containers", "private"):
             base = os.path.join(self.state_dir, sub)

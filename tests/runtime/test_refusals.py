@@ -2,8 +2,11 @@
 JSON log line, and the state exactly as it was (one live GPU container in it)."""
 import json
 import os
+import subprocess
 
 import pytest
+
+from .conftest import RUNC
 
 GPU_UUID_UNKNOWN = "GPU-ffffffff-0000-0000-0000-000000000000"
 
@@ -50,6 +53,7 @@ CASES = [
     ("id-slash", {"hami.io/gpumem": "10"}, "a/b", None, "container id", "a/b"),
     ("id-dot", {"hami.io/gpumem": "10"}, ".hidden", None, "container id", ".hidden"),
     ("id-in-use", {"hami.io/gpumem": "10"}, "live", None, "container id", "live"),
+    ("id-exists-in-runc", {"hami.io/gpumem": "10"}, "plain-live", None, "container id", "plain-live"),
     ("malformed-config-json", "raw:{not json", None, None, "config.json", None),
     ("annotations-not-strings", 'raw:{"ociVersion":"1.0.2","annotations":{"hami.io/gpu":1}}',
      None, None, "config.json annotations", None),
@@ -70,6 +74,11 @@ def busy(module_node):
     bundle = module_node.bundle("live", {"hami.io/gpumem": "1000"})
     proc = module_node.create("live", bundle)
     assert proc.returncode == 0, proc.stderr
+    plain = module_node.bundle("plain-live")
+    proc = subprocess.run([RUNC, "--root", str(module_node.runc_root), "create", "--bundle", str(plain),
+                           "plain-live"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=60)
+    assert proc.returncode == 0
     return module_node
 
 
