@@ -17,6 +17,7 @@
 struct sim_pool {
     int dev;
     int is_default;
+    int destroyed;                       /* handle gone; freed once nothing is allocated from it */
     uint64_t max_size;                   /* 0: no limit */
     uint64_t reserved, reserved_high, used, used_high, release_threshold;
     int reuse[3];                        /* the three REUSE_* flags: stored, not acted on */
@@ -129,6 +130,18 @@ static CUresult pool_alloc(struct sim_pool *p, size_t size, struct sim_ctx *ctx,
     return CUDA_SUCCESS;
 }
 
+/* Gives back a destroyed pool's whole reservation and forgets it (pools_lock held). */
+static void pool_unlink_locked(struct sim_pool *p)
+{
+    for (struct sim_pool **pp = &pools; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    p->release_threshold = 0;
+    trim_locked(p, 0);
+}
+
 static void pool_return(void *arg)
 {
     struct sim_alloc *a = arg;
@@ -142,9 +155,15 @@ CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s)
 {
     if (!sim_handle_take(a->base, SIM_KIND_ALLOC))
         return CUDA_ERROR_INVALID_VALUE;
+    struct sim_pool *p = a->pool;
     pthread_mutex_lock(&pools_lock);
-    a->pool->used -= pool_bytes(a->size);
+    p->used -= pool_bytes(a->size);
+    int gone = p->destroyed && p->used == 0;
+    if (gone)
+        pool_unlink_locked(p);
     pthread_mutex_unlock(&pools_lock);
+    if (gone)
+        free(p);
     if (s)
         sim_stream_enqueue_call(s, pool_return, a);
     else
@@ -245,27 +264,21 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
     return CUDA_SUCCESS;
 }
 
-static int alloc_of_pool(void *val, void *arg) { return ((struct sim_alloc *)val)->pool == arg; }
-
+/* As on the real driver, a pool with allocations outstanding goes once the last is freed. */
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     SIM_REQUIRE_INIT();
     struct sim_pool *p = sim_handle_get((uintptr_t)pool, SIM_KIND_POOL);
-    if (!p || p->is_default)
+    if (!p || p->is_default || !sim_handle_take((uintptr_t)p, SIM_KIND_POOL))
         return CUDA_ERROR_INVALID_VALUE;
-    sim_handle_take((uintptr_t)p, SIM_KIND_POOL);
-    struct sim_alloc *a;
-    while ((a = sim_handle_find(SIM_KIND_ALLOC, alloc_of_pool, p)))
-        sim_pool_free(a, NULL);
     pthread_mutex_lock(&pools_lock);
-    for (struct sim_pool **pp = &pools; *pp; pp = &(*pp)->next)
-        if (*pp == p) {
-            *pp = p->next;
-            break;
-        }
-    trim_locked(p, 0);
+    p->destroyed = 1;
+    int idle = p->used == 0;
+    if (idle)
+        pool_unlink_locked(p);
     pthread_mutex_unlock(&pools_lock);
-    free(p);
+    if (idle)
+        free(p);
     return CUDA_SUCCESS;
 }
 
