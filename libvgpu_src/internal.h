@@ -33,6 +33,8 @@ int hami_region_device_index(CUdevice dev);
 int hami_cuda_uuid(CUdevice dev, char *out, size_t len);
 /* Same for an NVML handle. */
 int hami_region_nvml_index(nvmlDevice_t dev);
+/* How many slots may hold usage (slots beyond were never claimed). */
+int hami_region_procs_high(struct hami_region *r);
 /* A container-wide lock (flock on the region file; -1 when there is none). */
 int hami_region_lock(void);
 void hami_region_unlock(int fd);

@@ -20,7 +20,8 @@ uint64_t hami_mem_container_used(int dev)
     if (!r || dev < 0 || dev >= HAMI_MAX_DEVICES)
         return 0;
     uint64_t sum = 0;
-    for (int i = 0; i < HAMI_MAX_PROCS; i++)
+    int high = hami_region_procs_high(r);
+    for (int i = 0; i < high; i++)
         sum += LOAD(&r->procs[i].mem_used[dev]);
     return sum;
 }

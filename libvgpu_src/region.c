@@ -253,6 +253,12 @@ struct hami_region *hami_region_get(void)
 
 /* ---- slots ---- */
 
+int hami_region_procs_high(struct hami_region *r)
+{
+    uint32_t high = LOAD(&r->procs_high);
+    return high < HAMI_MAX_PROCS ? (int)high : HAMI_MAX_PROCS;
+}
+
 static void zero_slot_usage(struct hami_proc_slot *s)
 {
     for (int d = 0; d < HAMI_MAX_DEVICES; d++) {
@@ -299,7 +305,7 @@ int hami_region_reclaim_dead(void)
         return 0;
     uint64_t me = g_self_owner ? g_self_owner : owner_value(getpid());
     int freed = 0;
-    for (int i = 0; i < HAMI_MAX_PROCS; i++)
+    for (int i = 0; i < hami_region_procs_high(r); i++)
         if (LOAD(&r->procs[i].owner) != me)
             freed += reclaim_slot(&r->procs[i], me);
     if (freed)
@@ -313,6 +319,10 @@ static struct hami_proc_slot *claim_slot(struct hami_region *r, uint64_t me)
         struct hami_proc_slot *s = &r->procs[i];
         uint64_t expected = 0;
         if (LOAD(&s->owner) == 0 && CAS(&s->owner, &expected, me)) {
+            /* visible to every charge before this slot's first one */
+            uint32_t high = LOAD(&r->procs_high);
+            while (high < (uint32_t)i + 1 && !CAS(&r->procs_high, &high, (uint32_t)i + 1))
+                ;
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             STORE(&s->pid, (int32_t)getpid());
@@ -354,7 +364,7 @@ int hami_region_has_pid(unsigned int pid)
     struct hami_region *r = hami_region_get();
     if (!r || pid == 0)
         return 0;
-    for (int i = 0; i < HAMI_MAX_PROCS; i++) {
+    for (int i = 0; i < hami_region_procs_high(r); i++) {
         struct hami_proc_slot *s = &r->procs[i];
         uint64_t owner = LOAD(&s->owner);
         if (owner == 0 || owner == HAMI_OWNER_RECLAIMING)

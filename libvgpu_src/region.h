@@ -18,7 +18,8 @@
  * - Processes: a process claims a free slot by compare-and-swap of `owner`
  *   from 0 to hami_owner(pid, start time). Its usage lives only in its slot.
  * - Memory charge (lock-free, never overcommits): add the size to the own
- *   slot, then sum all slots for that device; if the sum exceeds the limit,
+ *   slot, then sum all slots for that device (those below `procs_high`, which
+ *   a claimer raises before its first charge); if the sum exceeds the limit,
  *   take the size back and refuse. Every successful charge has seen all
  *   charges made before it (sequentially consistent atomics).
  * - Reclaim: a slot whose process is gone (kill(pid,0) fails with ESRCH, or
@@ -84,7 +85,7 @@ struct hami_region {
     uint32_t device_count;
     uint32_t core_policy;      /* HAMI_POLICY_* */
     int32_t priority;          /* 0 high, 1 low */
-    uint32_t reserved0;
+    uint32_t procs_high;       /* slots [0, procs_high) were ever claimed; only grows */
     uint64_t created_ns;       /* CLOCK_REALTIME */
     struct hami_device_limit devices[HAMI_MAX_DEVICES];
     struct hami_sm_state sm[HAMI_MAX_DEVICES];

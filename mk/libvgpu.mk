@@ -20,3 +20,12 @@ $(BUILD)/tests/%: tests/libvgpu/%.c $(BUILD)/sim/lib/libcuda.so libvgpu_src/cuda
 test: $(LIBVGPU_TEST_PROGS)
 libvgpu-tests: $(LIBVGPU_TEST_PROGS)
 .PHONY: libvgpu-tests
+
+# Benchmark helper (bench/libvgpu_overhead.py)
+$(BUILD)/bench/libvgpu_bench: bench/libvgpu_bench.c $(BUILD)/sim/lib/libcuda.so libvgpu_src/cuda_api.h
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) -Ilibvgpu_src -o $@ $< -L$(BUILD)/sim/lib -lcuda
+
+libvgpu-bench: $(BUILD)/bench/libvgpu_bench
+.PHONY: libvgpu-bench
+bench: $(BUILD)/bench/libvgpu_bench

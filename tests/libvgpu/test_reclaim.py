@@ -24,6 +24,7 @@ def leave_slot(probe, slot, owner_value, token, used):
         c.procs[slot].pid = owner_value >> 32 if owner_value != 2**64 - 1 else 0
         c.procs[slot].started_ns = token
         c.procs[slot].mem_used[0] = used
+        c.procs_high = max(c.procs_high, slot + 1)  # as its claimer did
 
 
 @pytest.mark.parametrize("case", ["dead-owner", "dead-reclaimer", "killed-before-token",
