@@ -215,11 +215,11 @@ class Daemon:
             except ProcessLookupError:
                 pass
         # Shims and conmon leave the group on purpose; they still name our root.
-        for pid in processes_mentioning(str(self.root)):
+        marker = f"{self.root}/"
+        for pid in processes_mentioning(marker):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        wait_for(lambda: not processes_mentioning(str(self.root)), 15,
-                 f"{self.name}'s processes to exit")
+        wait_for(lambda: not processes_mentioning(marker), 15, f"{self.name}'s processes to exit")
         unmount_under(self.root)
