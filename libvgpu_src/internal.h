@@ -11,7 +11,7 @@
 /* Depth of driver calls made by libvgpu on this thread. A driver whose entry points
  * call each other through their exported names would reach our hooks again from
  * inside one: those inner calls go straight to the driver, uncounted twice. */
-extern __thread int hami_in_driver;
+extern __thread int hami_in_driver __attribute__((tls_model("initial-exec")));
 #define HAMI_CALL(expr)                        \
     ({                                         \
         hami_in_driver++;                      \

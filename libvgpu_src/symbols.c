@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <string.h>
 
-__thread int hami_in_driver;
+__thread int hami_in_driver __attribute__((tls_model("initial-exec")));
 
 struct hook_entry {
     const char *name;
