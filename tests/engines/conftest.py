@@ -21,7 +21,7 @@ from typing import Callable, List, Optional
 
 import pytest
 
-from tests.conftest import BUILD, LIBVGPU, ROOT, SIM
+from tests.conftest import LIBVGPU, ROOT, SIM
 
 INSTALLED_RUNTIME = "/usr/local/bin/hami-runtime"
 VENV_BIN = Path(sys.executable).parent
