@@ -100,8 +100,8 @@ def _prepare_host_side(cfg: Config, cid: str, inv, grants, request) -> None:
     private = store.private_dir(cfg.state_dir, cid)
     for path in (region_dir, private):
         os.makedirs(path, mode=0o755, exist_ok=True)
-    # Any container user must be able to map the region.
-    os.chmod(region_dir, 0o777)
+    # The region file is 0666 (any container user maps it); the dir stays the host's.
+    os.chmod(region_dir, 0o755)
     region.create(os.path.join(region_dir, region.REGION_FILE_NAME),
                   [region.DeviceLimit(g.uuid, g.mem_mib << 20, g.cores) for g in grants],
                   core_policy=request.core_policy, priority=request.priority)

@@ -44,3 +44,14 @@ $(BUILD)/hami-runtime: hami_runtime/launcher/hami-runtime.c
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE \
 		-DHAMI_PYTHON='"$(abspath $(PY))"' -o $@ $<
+
+# make install: the launcher built for the system python3 that pip installs
+# the package for, as $(PREFIX)/lib/hami/hami-runtime (the console script
+# $(PREFIX)/bin/hami-runtime stays the plain Python entry).
+.PHONY: install-launcher
+install: install-launcher
+install-launcher: hami_runtime/launcher/hami-runtime.c
+	@mkdir -p $(BUILD)
+	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE \
+		-DHAMI_PYTHON='"$(shell readlink -f $$(command -v python3))"' -o $(BUILD)/hami-runtime.install $<
+	install -D -m 0755 $(BUILD)/hami-runtime.install $(DESTDIR)$(PREFIX)/lib/hami/hami-runtime

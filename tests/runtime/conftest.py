@@ -60,6 +60,9 @@ def rootfs(tmp_path_factory):
         shutil.copy2(CUDA_ALLOC, root / "bin" / "cuda_alloc")
     for d in ("proc", "sys", "dev", "tmp", "etc"):
         (root / d).mkdir(exist_ok=True)
+    for d in [root] + [p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()]:
+        d.chmod(0o755)  # any container user may walk it
+    (root / "tmp").chmod(0o1777)
     return root
 
 
@@ -70,7 +73,8 @@ class Node:
         self.tmp = tmp
         self.sim_root = sim_root
         self.sim_state = tmp / "simstate"  # the simulator's cross-process state, this test's own
-        self.sim_state.mkdir(mode=0o777)
+        self.sim_state.mkdir()
+        self.sim_state.chmod(0o1777)
         self.rootfs = rootfs
         self.template = template
         self.state_dir = tmp / "state"

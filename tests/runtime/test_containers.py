@@ -67,9 +67,14 @@ def test_no_request_spec_untouched(node):
 
 
 @pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")
-def test_full_chain_limit_enforced_in_container(node):
-    """annotation -> allocator -> spec -> libvgpu -> refusal past the limit."""
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_full_chain_limit_enforced_in_container(node, uid):
+    """annotation -> allocator -> spec -> libvgpu -> refusal past the limit,
+    as root and as an unprivileged container user."""
     bundle = node.bundle("chain", GPU, args=("cuda_alloc", "1000", "1000", "1500", "500"))
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["user"] = {"uid": uid, "gid": uid}
+    (bundle / "config.json").write_text(json.dumps(spec))
     proc = node.runtime("run", "--bundle", str(bundle), "chain")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = [line.split() for line in proc.stdout.splitlines() if line.startswith("alloc ")]
