@@ -53,5 +53,5 @@ install: install-launcher
 install-launcher: hami_runtime/launcher/hami-runtime.c
 	@mkdir -p $(BUILD)
 	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE \
-		-DHAMI_PYTHON='"$(shell readlink -f $$(command -v python3))"' -o $(BUILD)/hami-runtime.install $<
+		-DHAMI_PYTHON='"$(shell python3 -c 'import sys; print(sys.executable)')"' -o $(BUILD)/hami-runtime.install $<
 	install -D -m 0755 $(BUILD)/hami-runtime.install $(DESTDIR)$(PREFIX)/lib/hami/hami-runtime
