@@ -78,6 +78,7 @@ def metrics_command(state_dir: Optional[str], listen: str):
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     state_dir = top.resolve_state_dir(state_dir)
+    top.region_module()  # a missing region.h is reported now, not at every scrape
     try:
         server, thread = serve(state_dir, host, port)
     except OSError as exc:

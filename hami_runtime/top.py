@@ -14,8 +14,6 @@ from typing import Dict, List, Optional
 
 import click
 
-from . import region
-
 MiB = 1024 * 1024
 
 
@@ -52,8 +50,19 @@ class ContainerView:
     error: str = ""  # why the region could not be read
 
 
+def region_module():
+    """hami_runtime.region, loaded (it reads region.h) only when regions are read, so a
+    missing header is one clear line here, not a failure of every hamictl command."""
+    try:
+        from . import region
+    except Exception as exc:  # the header's RegionError, or an unreadable header
+        raise click.ClickException(str(exc)) from None
+    return region
+
+
 def region_files(state_dir: str) -> Dict[str, str]:
     """container id -> region file, for every container dir that has one."""
+    region = region_module()
     base = os.path.join(state_dir, "containers")
     try:
         ids = sorted(os.listdir(base))
@@ -68,6 +77,7 @@ def region_files(state_dir: str) -> Dict[str, str]:
 
 
 def read_container(cid: str, path: str) -> ContainerView:
+    region = region_module()
     view = ContainerView(id=cid, region=path)
     try:
         with region.open(path) as r:

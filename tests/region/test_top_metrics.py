@@ -186,3 +186,14 @@ def test_hamictl_top_uses_the_config_state_dir(state_dir, tmp_path_factory, caps
     assert hamictl.main(["--config", str(cfg), "top", "--interval", "0", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert sorted(c["id"] for c in data["containers"]) == sorted([CID_A, CID_B])
+
+
+@pytest.mark.parametrize("command", [["top", "--interval", "0"], ["metrics", "--listen", "127.0.0.1:0"]])
+def test_missing_header_is_one_clear_line(state_dir, command):
+    env = dict(os.environ, HAMI_REGION_HEADER=str(state_dir / "none.h"))
+    result = subprocess.run([sys.executable, "-c", "import sys; from hami_runtime.hamictl import main; "
+                             "sys.exit(main())", *command[:1], "--state-dir", str(state_dir),
+                             *command[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"Error: HAMI_REGION_HEADER: no such file: {state_dir / 'none.h'}"
