@@ -88,10 +88,13 @@ static void take_snapshot(nvmlDevice_t handle, struct snapshot *snap)
         snap->count = count;
 }
 
+/* NVML's "not available" (no per-process accounting, e.g. some virtualised setups). */
+#define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFull
+
 static const nvmlProcessInfo_t *find_pid(const struct snapshot *snap, unsigned int pid)
 {
     for (unsigned int i = 0; pid && i < snap->count; i++)
-        if (snap->procs[i].pid == pid)
+        if (snap->procs[i].pid == pid && snap->procs[i].usedGpuMemory != NVML_VALUE_NOT_AVAILABLE_ULL)
             return &snap->procs[i];
     return NULL;
 }
@@ -120,7 +123,7 @@ static uint64_t measured(const struct snapshot *before, const struct snapshot *a
             appeared_count++;
         }
     }
-    if (appeared_count == 1) {
+    if (appeared_count == 1 && appeared->usedGpuMemory != NVML_VALUE_NOT_AVAILABLE_ULL) {
         host_pid = appeared->pid;
         struct hami_proc_slot *self = hami_region_self();
         if (self && !__atomic_load_n(&self->host_pid, __ATOMIC_RELAXED))
