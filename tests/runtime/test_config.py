@@ -1,5 +1,6 @@
 """The config file: defaults, every key, refusals naming the key."""
 import json
+import os
 from pathlib import Path
 
 import jsonschema
@@ -85,3 +86,16 @@ def test_runtime_that_is_us_is_refused(tmp_path):
         config.real_runtime(config.Config(runtime=[str(me)]))
     with pytest.raises(HamiError, match="no executable"):
         config.real_runtime(config.Config(runtime=[str(tmp_path / "none")]))
+
+
+def test_sim_config_matches_schema():
+    from tests.conftest import SIM
+    import tomllib
+    path = SIM / "hami.toml"
+    if not path.exists():
+        pytest.skip("make sim writes build/sim/hami.toml")
+    raw = tomllib.loads(path.read_text())
+    jsonschema.validate(raw, SCHEMA)
+    cfg = config.from_mapping(raw)
+    assert cfg.extra_env["HAMI_SIM_STATE"].startswith("/run/hami-sim/")
+    assert os.path.isabs(cfg.nvml_library) and os.path.isabs(cfg.driver_root)

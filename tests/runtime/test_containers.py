@@ -98,3 +98,15 @@ def test_second_gpu_by_env_or_scheduler_decision(node, request_kind):
     lines = proc.stdout.splitlines()
     assert "nvidia1" in lines and "nvidia0" not in lines
     assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in lines and "CUDA_DEVICE_MEMORY_LIMIT_0=512m" in lines
+
+
+def test_runtime_log_file(node):
+    log = node.tmp / "hami.log"
+    node.write_config(log_file=str(log), log_level="debug")
+    bundle = node.bundle("logged", GPU, args=("true",))
+    assert node.runtime("run", "--bundle", str(bundle), "logged").returncode == 0
+    plain = node.bundle("unlogged", args=("true",))
+    assert node.runtime("run", "--bundle", str(plain), "unlogged").returncode == 0
+    text = log.read_text()
+    assert "logged: allocated GPU 0 3000MiB 30%" in text
+    assert "unlogged: no GPU request, passed through" in text
