@@ -3,12 +3,15 @@ regions at scrape time (nothing is cached between scrapes)."""
 from __future__ import annotations
 
 import signal
+import socket
 import threading
+from http.server import ThreadingHTTPServer
 from typing import Iterator, Optional, Tuple
 
 import click
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import MetricsHandler
 
 from . import top
 
@@ -59,12 +62,25 @@ def parse_listen(value: str) -> Tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 def serve(state_dir: str, host: str, port: int):
     """Starts the endpoint in a thread; returns (server, thread). server.server_address
-    has the bound port (port 0 picks a free one); server.shutdown() stops it."""
+    has the bound port (port 0 picks a free one); server.shutdown() then
+    server.server_close() stop it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RegionCollector(state_dir))
-    return start_http_server(port, addr=host, registry=registry)
+    server_class = _Server6 if ":" in host else _Server
+    server = server_class((host, port), MetricsHandler.factory(registry))
+    thread = threading.Thread(target=server.serve_forever, name="hami-metrics", daemon=True)
+    thread.start()
+    return server, thread
 
 
 @click.command("metrics")
@@ -91,4 +107,5 @@ def metrics_command(state_dir: Optional[str], listen: str):
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
     server.shutdown()
+    server.server_close()
     thread.join(timeout=5)

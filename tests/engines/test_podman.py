@@ -102,6 +102,7 @@ def test_live_view_sees_the_container(podman, hami):
                 text = response.read().decode()
         finally:
             server.shutdown()
+            server.server_close()
             thread.join(timeout=5)
         line = next(l for l in text.splitlines()
                     if l.startswith("hami_container_memory_used_bytes{") and cid in l)

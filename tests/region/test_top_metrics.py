@@ -3,6 +3,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -139,6 +140,7 @@ def test_metrics_read_at_scrape_time(state_dir):
         assert sample_value(text, "hami_container_processes", **dev_a) == 3
     finally:
         server.shutdown()
+        server.server_close()
         thread.join(timeout=5)
     assert not thread.is_alive()
 
@@ -197,3 +199,20 @@ def test_missing_header_is_one_clear_line(state_dir, command):
                             timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip() == f"Error: HAMI_REGION_HEADER: no such file: {state_dir / 'none.h'}"
+
+
+def test_metrics_over_ipv6_loopback(state_dir):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        server, thread = metrics.serve(str(state_dir), "::1", 0)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    try:
+        url = f"http://[::1]:{server.server_address[1]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert "hami_container_memory_used_bytes" in response.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
