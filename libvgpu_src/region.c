@@ -222,7 +222,11 @@ static void region_once_body(void)
 
 /* Serialises context creation among the container's processes: a flock on the
  * region file, which the kernel drops when its holder dies. A fresh descriptor
- * each time, so a forked child never shares its parent's lock. */
+ * each time, so a forked child never shares its parent's lock. A holder that is
+ * stopped (not dead) is waited for at most LOCK_WAIT_MS: then we go on without the
+ * lock (a measurement may be blurred) rather than hang. */
+#define LOCK_WAIT_MS 2000
+
 int hami_region_lock(void)
 {
     if (!hami_region_get() || !hami_config.region_path)
@@ -230,11 +234,15 @@ int hami_region_lock(void)
     int fd = open(hami_config.region_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
-    while (flock(fd, LOCK_EX) < 0) {
-        if (errno != EINTR) {
+    for (int waited = 0; flock(fd, LOCK_EX | LOCK_NB) < 0; waited++) {
+        if ((errno != EWOULDBLOCK && errno != EINTR) || waited >= LOCK_WAIT_MS) {
+            hami_warn("region %s: lock not had in %d ms; measuring without it",
+                      hami_config.region_path, LOCK_WAIT_MS);
             close(fd);
             return -1;
         }
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
     }
     return fd;
 }

@@ -132,3 +132,20 @@ def test_process_without_cuda_leaves_no_trace(probe):
     subprocess.run(["/bin/true"], env=probe.env(shared=True, CUDA_DEVICE_MEMORY_LIMIT="1g"),
                    check=True, timeout=10)
     assert not probe.region.exists()
+
+
+def test_a_stopped_lock_holder_blocks_nobody(probe):
+    import fcntl
+
+    from hami_runtime import region
+
+    uuids = probe.run("link", "uuids", preload=False).stdout.split()
+    region.create(probe.region, [region.DeviceLimit(u, 1024 * MIB, 0) for u in uuids])
+    with open(probe.region, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a process stopped inside context creation
+        start = time.monotonic()
+        info = probe.run("link", "info", shared=True, LIBCUDA_LOG_LEVEL=2, timeout=20)
+        elapsed = time.monotonic() - start
+    assert info.fields["total"] == 1024 * MIB
+    assert elapsed < 10
+    assert "lock not had" in info.stderr
