@@ -54,22 +54,28 @@ def load_env(load: Load, sim_state: Path) -> dict[str, str]:
     return env
 
 
+def start(load: Load, sim_state: Path, seconds: float, start_at: int,
+          kernel_us: int = KERNEL_US) -> subprocess.Popen:
+    """One sm_load process whose window opens at `start_at` (CLOCK_MONOTONIC ns)."""
+    return subprocess.Popen(
+        [str(SM_LOAD), "-u", str(kernel_us), "-t", str(seconds), "-m", load.mode,
+         "-n", str(load.streams), "-s", str(start_at)],
+        env=load_env(load, sim_state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, seconds: float) -> dict:
+    out, err = proc.communicate(timeout=seconds + WARMUP_S + 60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sm_load exited {proc.returncode}: {err.strip()}")
+    return json.loads(out)
+
+
 def run_together(loads: list[Load], sim_state: Path, seconds: float,
                  kernel_us: int = KERNEL_US) -> list[dict]:
     """Starts every load at once; all measure the same window of `seconds`."""
     start_at = time.monotonic_ns() + int(WARMUP_S * 1e9)
-    procs = [subprocess.Popen(
-        [str(SM_LOAD), "-u", str(kernel_us), "-t", str(seconds), "-m", load.mode,
-         "-n", str(load.streams), "-s", str(start_at)],
-        env=load_env(load, sim_state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for load in loads]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=seconds + WARMUP_S + 60)
-        if proc.returncode != 0:
-            raise RuntimeError(f"sm_load exited {proc.returncode}: {err.strip()}")
-        results.append(json.loads(out))
-    return results
+    procs = [start(load, sim_state, seconds, start_at, kernel_us) for load in loads]
+    return [finish(proc, seconds) for proc in procs]
 
 
 def run(load: Load, sim_state: Path, seconds: float, kernel_us: int = KERNEL_US) -> dict:

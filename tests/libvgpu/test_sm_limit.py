@@ -2,7 +2,9 @@
 kernel throughput is its share of the unlimited rate, whatever launch call or
 how many streams it uses and however many processes it runs; no limit (or
 policy `disable`) leaves launches alone."""
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,19 @@ def test_processes_of_one_container_share_one_budget(sim):
     results = sm_load.run_together([Load(region=region, sm_limit=30)] * 2, state, LEVEL_SECONDS)
     total = sum(sm_load.share_pct(r, unlimited) for r in results)
     assert abs(total - 30) <= TOLERANCE, f"together {total:.1f}% at limit 30%"
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_process_leaves_the_budget_usable(sim):
+    """SIGKILL at any instant holds no lock and leaves the container its share."""
+    base, state, unlimited = sim
+    region = base / "killed.region"
+    victim = sm_load.start(Load(region=region, sm_limit=30), state, 30, time.monotonic_ns())
+    time.sleep(2.0)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=30)
+    achieved, series = limited_share(sim, Load(region=region, sm_limit=30), SHORT_SECONDS)
+    assert abs(achieved - 30) <= TOLERANCE, f"{achieved:.1f}% after a kill ({series})"
 
 
 @pytest.mark.timeout(60)
