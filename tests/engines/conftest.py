@@ -202,18 +202,19 @@ class Daemon:
             return ""
 
     def stop(self, timeout: float = 30) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
         if self.proc is not None:
-            try:  # children left in the group (a managed containerd, say)
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # what is left in the group (a managed containerd, say)
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            self.proc.wait(timeout=10)
         # Shims and conmon leave the group on purpose; they still name our root.
         marker = f"{self.root}/"
         for pid in processes_mentioning(marker):
