@@ -80,3 +80,24 @@ def test_nvidia_smi_shows_the_limit(probe):
         assert "/  1024MiB" in gpu0 and "16384MiB" not in gpu0, out
     finally:
         finish(holder)
+
+
+def test_usage_above_the_limit_never_underflows(probe):
+    """A container over its limit (e.g. the runtime lowered it) shows a full card."""
+    import os
+
+    from hami_runtime import region
+
+    uuids = probe.run("link", "uuids", preload=False).stdout.split()
+    region.create(probe.region, [region.DeviceLimit(u, LIMIT, 0) for u in uuids])
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19])
+    with region.open(probe.region, writable=True) as r:
+        slot = r._region().procs[0]
+        slot.owner = (os.getpid() << 32) | (start & 0xFFFFFFFF)  # alive: never reclaimed
+        slot.pid = os.getpid()
+        slot.mem_used[0] = 2 * LIMIT
+        r._region().procs_high = 1
+    (total, used, free, total2, used2, free2), _ = pynvml_view(probe)
+    assert (total, used, free) == (LIMIT, LIMIT, 0)
+    assert (total2, used2, free2) == (LIMIT, LIMIT, 0)
