@@ -1,10 +1,16 @@
 """Request parsing: annotations and env in, a request or a refusal naming key and value."""
+import json
+from pathlib import Path
+
+import jsonschema
 import pytest
 
 from hami_runtime.errors import HamiError
 from hami_runtime.request_keys import mentions_request
 from hami_runtime.requests import parse
 
+ANNOTATION_SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "schemas" / "annotations.schema.json").read_text())
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 
@@ -38,6 +44,7 @@ UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
     ({"hami.io/gpumem": "10"}, ["NVIDIA_VISIBLE_DEVICES=all"], dict(count=1, mem_mib=10)),
 ])
 def test_parses(annotations, env, expected):
+    jsonschema.validate(annotations, ANNOTATION_SCHEMA)
     request = parse(annotations, env)
     # The cheap pre-check never hides a request.
     assert mentions_request(annotations, env, True) or request is None
@@ -92,3 +99,16 @@ def test_refuses_naming_key_and_value(annotations, env, key, value):
     if value is not None:
         assert caught.value.value == value
     assert "\n" not in caught.value.line() and key in caught.value.line()
+
+
+@pytest.mark.parametrize("annotations", [
+    {"hami.io/gpumem": "3g"}, {"hami.io/gpumem": "0"}, {"hami.io/gpucores": "101"},
+    {"hami.io/gpu": "17"}, {"hami.io/gpumem-percentage": "0"}, {"hami.io/gpu": "1", "hami.io/priority": "2"},
+    {"hami.io/gpu": "1", "hami.io/core-policy": "max"}, {"nvidia.com/gpu": "x"},
+    {"hami.io/vgpu-devices-allocated": "GPU-a,AMD,1,1:"},
+])
+def test_schema_refuses_what_the_parser_refuses(annotations):
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(annotations, ANNOTATION_SCHEMA)
+    with pytest.raises(HamiError):
+        parse(annotations, [])
