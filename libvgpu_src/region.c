@@ -501,16 +501,16 @@ int hami_region_nvml_index(nvmlDevice_t dev)
     int index;
     if (region_has_uuids(r)) {
         index = index_of_uuid(r, uuid);
-    } else {
+    } else if (getenv("CUDA_VISIBLE_DEVICES")) {
+        /* bare use, devices renumbered for CUDA: find the CUDA ordinal of this UUID */
         index = cuda_ordinal_of_uuid(uuid);
-        if (index < 0 && !getenv("CUDA_VISIBLE_DEVICES")) {
-            unsigned int nvml_index;
-            nvmlReturn_t (*get_index)(nvmlDevice_t, unsigned int *) =
-                HAMI_DRIVER(nvmlDeviceGetIndex);
-            if (get_index && get_index(dev, &nvml_index) == NVML_SUCCESS &&
-                nvml_index < HAMI_MAX_DEVICES)
-                index = (int)nvml_index;
-        }
+    } else {
+        /* bare use: NVML's index is the CUDA ordinal (no CUDA init in NVML-only tools) */
+        unsigned int nvml_index;
+        nvmlReturn_t (*get_index)(nvmlDevice_t, unsigned int *) = HAMI_DRIVER(nvmlDeviceGetIndex);
+        if (get_index && get_index(dev, &nvml_index) == NVML_SUCCESS &&
+            nvml_index < HAMI_MAX_DEVICES)
+            index = (int)nvml_index;
     }
     pthread_mutex_lock(&nvml_cache_lock);
     if (nvml_cache_len < HAMI_MAX_ORDINALS) {
