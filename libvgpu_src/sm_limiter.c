@@ -31,9 +31,12 @@
  * - Everything shared is updated with atomics; no lock spans processes, so a
  *   process killed at any instant leaves at most its estimates charged.
  *
- * No thread is started and no signal is used. A forked child starts with an
- * empty local state (pthread_atfork child handler): the parent's events belong
- * to contexts the child cannot use.
+ * Within a process, a limited launch holds its device's local lock from
+ * before_launch to after_launch (the driver's launch call only, never a sleep),
+ * so two threads sharing a stream cannot interleave a launch between the other's
+ * events. No thread is started and no signal is used. A forked child starts with
+ * an empty local state (pthread_atfork child handler): the parent's events belong
+ * to contexts the child cannot use, and a lock may be held by a thread it lacks.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -492,7 +495,8 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             idx = -1;
         }
     }
-    pthread_mutex_unlock(&loc->lock);
+    /* The lock stays held through the driver's launch, until after_launch: no
+     * other thread of this process can slip a launch between our events. */
     sm_armed_dev = dev;
     sm_armed_probe = idx;
     sm_armed_charge = estimate;
@@ -509,7 +513,7 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
     struct hami_sm_state *st = &region->sm[dev];
     struct sm_local *loc = &sm_local[dev];
 
-    pthread_mutex_lock(&loc->lock);
+    /* loc->lock is held since before_launch */
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
         if (result != CUDA_SUCCESS) {

@@ -8,7 +8,7 @@ sm-tests: $(SM_TEST_DIR)/sm_load $(SM_TEST_DIR)/sm_load_harness
 # Linked to the driver by name, as an application is; libvgpu comes in by LD_PRELOAD.
 $(SM_TEST_DIR)/sm_load: $(SM_LOAD_DEPS) | $(BUILD)/sim/lib/libcuda.so
 	@mkdir -p $(@D)
-	$(CC) $(BASE_CFLAGS) -Ilibvgpu_src $< -o $@ -L$(BUILD)/sim/lib -lcuda
+	$(CC) $(BASE_CFLAGS) -Ilibvgpu_src $< -o $@ -L$(BUILD)/sim/lib -lcuda -pthread
 
 # The limiter linked in directly, with stand-ins for the rest of libvgpu.
 $(SM_TEST_DIR)/sm_load_harness: $(SM_LOAD_DEPS) tests/libvgpu/sm_harness.h libvgpu_src/sm_limiter.c \

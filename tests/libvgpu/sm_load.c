@@ -3,9 +3,10 @@
  * driver and reports how many completed, per second of a measured window.
  *
  *   sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph]
- *           [-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS]
+ *           [-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS] [-p THREADS]
  *
- * Launches go round-robin over STREAMS streams (default 1).
+ * THREADS threads (default 1) launch at once, each round-robin over the same
+ * STREAMS streams (default 1), so threads may share a stream.
  * Completion times come from events recorded after each launch (device time,
  * converted to CLOCK_MONOTONIC through a reference event recorded on an idle
  * stream). The window starts at -s (an absolute CLOCK_MONOTONIC time, so that
@@ -16,6 +17,7 @@
  * -DSM_HARNESS, where it calls the SM limiter directly (sm_harness.h) so the
  * limiter can be exercised on its own.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,7 @@
 
 #define MAX_QUEUE 256
 #define MAX_STREAMS 8
+#define MAX_THREADS 8
 #define MAX_SECONDS 120
 
 static void die(const char *what, CUresult r)
@@ -52,128 +55,173 @@ static int64_t now_ns(void)
 static void usage(void)
 {
     fprintf(stderr, "usage: sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph] "
-                    "[-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS]\n");
+                    "[-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS] "
+                    "[-p THREADS]\n");
     exit(1);
 }
 
-int main(int argc, char **argv)
-{
-    unsigned long long kernel_us = 0;
-    double seconds = 0, warmup = 1.0;
-    int dev_index = 0, queue = 16, nstreams = 1;
-    long long start_at = 0;
-    const char *mode = "kernel";
-    int opt;
-    while ((opt = getopt(argc, argv, "u:t:d:m:w:s:q:n:")) != -1) {
-        switch (opt) {
-        case 'u': kernel_us = strtoull(optarg, NULL, 10); break;
-        case 't': seconds = atof(optarg); break;
-        case 'd': dev_index = atoi(optarg); break;
-        case 'm': mode = optarg; break;
-        case 'w': warmup = atof(optarg); break;
-        case 's': start_at = atoll(optarg); break;
-        case 'q': queue = atoi(optarg); break;
-        case 'n': nstreams = atoi(optarg); break;
-        default: usage();
-        }
-    }
-    if (!kernel_us || seconds <= 0 || seconds > MAX_SECONDS || queue < 1 || queue > MAX_QUEUE ||
-        nstreams < 1 || nstreams > MAX_STREAMS)
-        usage();
-    int is_graph = !strcmp(mode, "graph"), is_ex = !strcmp(mode, "ex"), is_coop = !strcmp(mode, "coop");
-    if (!is_graph && !is_ex && !is_coop && strcmp(mode, "kernel"))
-        usage();
-
-    CUdevice dev;
+/* What every launching thread shares (read-only once they run). */
+static struct {
+    unsigned long long kernel_us;
+    int dev_index, queue, nstreams;
+    int is_graph, is_ex, is_coop;
     CUcontext ctx;
-    CUmodule mod;
     CUfunction fn;
+    CUgraphExec graph_exec;
     CUstream streams[MAX_STREAMS];
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, dev_index));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&mod, "sim"));
-    CHECK(cuModuleGetFunction(&fn, mod, "spin"));
-    for (int i = 0; i < nstreams; i++)
-        CHECK(cuStreamCreate(&streams[i], 0));
-    CUstream stream = streams[0];
+    CUevent ref;
+    int64_t ref_host, window_start, window_end;
+} cfg;
 
-    void *params[] = {&kernel_us};
-    CUgraphExec graph_exec = NULL;
-    if (is_graph) {
-        /* one kernel node: a graph launch then takes as long as a kernel */
-        CUgraph graph;
-        CUgraphNode node;
-        CUDA_KERNEL_NODE_PARAMS node_params;
-        memset(&node_params, 0, sizeof(node_params));
-        node_params.func = fn;
-        node_params.gridDimX = node_params.gridDimY = node_params.gridDimZ = 1;
-        node_params.blockDimX = node_params.blockDimY = node_params.blockDimZ = 1;
-        node_params.kernelParams = params;
-        CHECK(cuGraphCreate(&graph, 0));
-        CHECK(cuGraphAddKernelNode_v2(&node, graph, NULL, 0, &node_params));
-        CHECK(cuGraphInstantiateWithFlags(&graph_exec, graph, 0));
+struct launcher {
+    pthread_t thread;
+    long completed;
+    long per_second[MAX_SECONDS];
+};
+
+static CUresult launch_one(CUstream stream, void **params)
+{
+    if (cfg.is_graph)
+        return cuGraphLaunch(cfg.graph_exec, stream);
+    if (cfg.is_ex) {
+        CUlaunchConfig lc;
+        memset(&lc, 0, sizeof(lc));
+        lc.gridDimX = lc.gridDimY = lc.gridDimZ = 1;
+        lc.blockDimX = lc.blockDimY = lc.blockDimZ = 1;
+        lc.hStream = stream;
+        return cuLaunchKernelEx(&lc, cfg.fn, params, NULL);
     }
+    if (cfg.is_coop)
+        return cuLaunchCooperativeKernel(cfg.fn, 1, 1, 1, 1, 1, 1, 0, stream, params);
+    return cuLaunchKernel(cfg.fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+}
 
-    CUevent ref, done[MAX_QUEUE];
-    CHECK(cuEventCreate(&ref, CU_EVENT_DEFAULT));
+/* Launches until the window closes, keeping `queue` launches in flight, and
+ * counts completions inside the window. */
+static void *launcher_run(void *arg)
+{
+    struct launcher *me = arg;
+    int dev_index = cfg.dev_index, queue = cfg.queue;
+    unsigned long long kernel_us = cfg.kernel_us;
+    void *params[] = {&kernel_us};
+    CUevent done[MAX_QUEUE];
+    CHECK(cuCtxSetCurrent(cfg.ctx));
     for (int i = 0; i < queue; i++)
         CHECK(cuEventCreate(&done[i], CU_EVENT_DEFAULT));
-    CHECK(cuStreamSynchronize(stream));
-    int64_t ref_host = now_ns();
-    CHECK(cuEventRecord(ref, stream));
-
-    int64_t window_start = start_at ? start_at : ref_host + (int64_t)(warmup * 1e9);
-    int64_t window_end = window_start + (int64_t)(seconds * 1e9);
-    int nsec = (int)(seconds + 0.999);
-    long per_second[MAX_SECONDS] = {0};
-    long completed = 0;
-
     long launched = 0, retired = 0;
     for (;;) {
-        int stop = now_ns() >= window_end;
+        int stop = now_ns() >= cfg.window_end;
         if (launched - retired == queue || (stop && retired < launched)) {
             CUevent ev = done[retired % queue];
             CHECK(cuEventSynchronize(ev));
             float ms;
-            CHECK(cuEventElapsedTime(&ms, ref, ev));
-            int64_t at = ref_host + (int64_t)((double)ms * 1e6);
-            if (at >= window_start && at < window_end) {
-                completed++;
-                per_second[(at - window_start) / 1000000000LL]++;
+            CHECK(cuEventElapsedTime(&ms, cfg.ref, ev));
+            int64_t at = cfg.ref_host + (int64_t)((double)ms * 1e6);
+            if (at >= cfg.window_start && at < cfg.window_end) {
+                me->completed++;
+                me->per_second[(at - cfg.window_start) / 1000000000LL]++;
             }
             retired++;
             continue;
         }
         if (stop)
             break;
-        CUresult r;
-        stream = streams[launched % nstreams];
+        CUstream stream = cfg.streams[launched % cfg.nstreams];
         HARNESS_BEFORE(stream);
-        if (is_graph) {
-            r = cuGraphLaunch(graph_exec, stream);
-        } else if (is_ex) {
-            CUlaunchConfig cfg;
-            memset(&cfg, 0, sizeof(cfg));
-            cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
-            cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
-            cfg.hStream = stream;
-            r = cuLaunchKernelEx(&cfg, fn, params, NULL);
-        } else if (is_coop) {
-            r = cuLaunchCooperativeKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, params);
-        } else {
-            r = cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
-        }
+        CUresult r = launch_one(stream, params);
         HARNESS_AFTER(stream, r);
+        (void)dev_index;
         if (r != CUDA_SUCCESS)
             die("launch", r);
         CHECK(cuEventRecord(done[launched % queue], stream));
         launched++;
     }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    double seconds = 0, warmup = 1.0;
+    int nthreads = 1;
+    long long start_at = 0;
+    const char *mode = "kernel";
+    int opt;
+    cfg.queue = 16;
+    cfg.nstreams = 1;
+    while ((opt = getopt(argc, argv, "u:t:d:m:w:s:q:n:p:")) != -1) {
+        switch (opt) {
+        case 'u': cfg.kernel_us = strtoull(optarg, NULL, 10); break;
+        case 't': seconds = atof(optarg); break;
+        case 'd': cfg.dev_index = atoi(optarg); break;
+        case 'm': mode = optarg; break;
+        case 'w': warmup = atof(optarg); break;
+        case 's': start_at = atoll(optarg); break;
+        case 'q': cfg.queue = atoi(optarg); break;
+        case 'n': cfg.nstreams = atoi(optarg); break;
+        case 'p': nthreads = atoi(optarg); break;
+        default: usage();
+        }
+    }
+    if (!cfg.kernel_us || seconds <= 0 || seconds > MAX_SECONDS || cfg.queue < 1 || cfg.queue > MAX_QUEUE ||
+        cfg.nstreams < 1 || cfg.nstreams > MAX_STREAMS || nthreads < 1 || nthreads > MAX_THREADS)
+        usage();
+    cfg.is_graph = !strcmp(mode, "graph");
+    cfg.is_ex = !strcmp(mode, "ex");
+    cfg.is_coop = !strcmp(mode, "coop");
+    if (!cfg.is_graph && !cfg.is_ex && !cfg.is_coop && strcmp(mode, "kernel"))
+        usage();
+
+    CUdevice dev;
+    CUmodule mod;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, cfg.dev_index));
+    CHECK(cuDevicePrimaryCtxRetain(&cfg.ctx, dev));
+    CHECK(cuCtxSetCurrent(cfg.ctx));
+    CHECK(cuModuleLoadData(&mod, "sim"));
+    CHECK(cuModuleGetFunction(&cfg.fn, mod, "spin"));
+    for (int i = 0; i < cfg.nstreams; i++)
+        CHECK(cuStreamCreate(&cfg.streams[i], 0));
+
+    if (cfg.is_graph) {
+        /* one kernel node: a graph launch then takes as long as a kernel */
+        void *params[] = {&cfg.kernel_us};
+        CUgraph graph;
+        CUgraphNode node;
+        CUDA_KERNEL_NODE_PARAMS node_params;
+        memset(&node_params, 0, sizeof(node_params));
+        node_params.func = cfg.fn;
+        node_params.gridDimX = node_params.gridDimY = node_params.gridDimZ = 1;
+        node_params.blockDimX = node_params.blockDimY = node_params.blockDimZ = 1;
+        node_params.kernelParams = params;
+        CHECK(cuGraphCreate(&graph, 0));
+        CHECK(cuGraphAddKernelNode_v2(&node, graph, NULL, 0, &node_params));
+        CHECK(cuGraphInstantiateWithFlags(&cfg.graph_exec, graph, 0));
+    }
+
+    /* device time -> CLOCK_MONOTONIC: a reference event recorded on an idle stream */
+    CHECK(cuEventCreate(&cfg.ref, CU_EVENT_DEFAULT));
+    CHECK(cuStreamSynchronize(cfg.streams[0]));
+    cfg.ref_host = now_ns();
+    CHECK(cuEventRecord(cfg.ref, cfg.streams[0]));
+    CHECK(cuEventSynchronize(cfg.ref));
+    cfg.window_start = start_at ? start_at : cfg.ref_host + (int64_t)(warmup * 1e9);
+    cfg.window_end = cfg.window_start + (int64_t)(seconds * 1e9);
+
+    static struct launcher launchers[MAX_THREADS];
+    for (int i = 0; i < nthreads; i++)
+        if (pthread_create(&launchers[i].thread, NULL, launcher_run, &launchers[i]))
+            die("pthread_create", CUDA_ERROR_OPERATING_SYSTEM);
+    long completed = 0, per_second[MAX_SECONDS] = {0};
+    int nsec = (int)(seconds + 0.999);
+    for (int i = 0; i < nthreads; i++) {
+        pthread_join(launchers[i].thread, NULL);
+        completed += launchers[i].completed;
+        for (int s = 0; s < nsec; s++)
+            per_second[s] += launchers[i].per_second[s];
+    }
 
     printf("{\"completed\": %ld, \"seconds\": %g, \"kernel_us\": %llu, \"per_second\": [",
-           completed, seconds, kernel_us);
+           completed, seconds, cfg.kernel_us);
     for (int i = 0; i < nsec; i++)
         printf("%s%ld", i ? ", " : "", per_second[i]);
     printf("]}\n");

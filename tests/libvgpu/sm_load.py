@@ -37,6 +37,7 @@ class Load:
     policy: str | None = None
     mode: str = "kernel"
     streams: int = 1
+    threads: int = 1
 
 
 def load_env(load: Load, sim_state: Path) -> dict[str, str]:
@@ -59,7 +60,7 @@ def start(load: Load, sim_state: Path, seconds: float, start_at: int,
     """One sm_load process whose window opens at `start_at` (CLOCK_MONOTONIC ns)."""
     return subprocess.Popen(
         [str(SM_LOAD), "-u", str(kernel_us), "-t", str(seconds), "-m", load.mode,
-         "-n", str(load.streams), "-s", str(start_at)],
+         "-n", str(load.streams), "-p", str(load.threads), "-s", str(start_at)],
         env=load_env(load, sim_state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,6 +1,6 @@
 """SM share on the simulated GPU, through the real libvgpu.so: a container's
-kernel throughput is its share of the unlimited rate, whatever launch call or
-how many streams it uses and however many processes it runs; no limit (or
+kernel throughput is its share of the unlimited rate, whatever launch call,
+streams or threads it uses and however many processes it runs; no limit (or
 policy `disable`) leaves launches alone."""
 import signal
 import sys
@@ -84,11 +84,17 @@ def test_a_killed_process_leaves_the_budget_usable(sim):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode,streams", [("ex", 1), ("coop", 1), ("graph", 1), ("kernel", 3)])
-def test_every_launch_form_is_throttled(sim, mode, streams):
-    load = Load(region=sim[0] / f"{mode}{streams}.region", sm_limit=30, mode=mode, streams=streams)
+@pytest.mark.parametrize("mode,streams,threads", [
+    ("ex", 1, 1), ("coop", 1, 1), ("graph", 1, 1),   # cuLaunchKernelEx, cooperative, cuGraphLaunch
+    ("kernel", 3, 1),                                 # one process, three streams
+    ("kernel", 1, 2),                                 # two threads sharing one stream
+])
+def test_every_launch_form_is_throttled(sim, mode, streams, threads):
+    load = Load(region=sim[0] / f"{mode}{streams}{threads}.region", sm_limit=30, mode=mode,
+                streams=streams, threads=threads)
     achieved, series = limited_share(sim, load, SHORT_SECONDS)
-    assert abs(achieved - 30) <= TOLERANCE, f"{mode} on {streams} streams: {achieved:.1f}% ({series})"
+    assert abs(achieved - 30) <= TOLERANCE, (
+        f"{mode}, {streams} streams, {threads} threads: {achieved:.1f}% ({series})")
 
 
 @pytest.mark.timeout(60)
