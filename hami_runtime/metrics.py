@@ -50,8 +50,7 @@ class RegionCollector:
                 limit.add_metric(labels, d.mem_limit_bytes)
                 sm_limit.add_metric(labels, d.sm_limit_pct)
                 busy.add_metric(labels, d.sm_busy_ns / 1e9)
-                procs.add_metric(labels, sum(1 for p in c.processes
-                                             if p.mem_used_bytes[d.index] or p.launches[d.index]))
+                procs.add_metric(labels, sum(1 for p in c.processes if p.uses(d.index)))
         yield from (used, limit, sm_limit, busy, procs, readable)
 
 

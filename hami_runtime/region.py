@@ -11,6 +11,7 @@ and ``/usr/local/share/hami/region.h`` (what ``make install`` puts there).
 """
 from __future__ import annotations
 
+import builtins
 import mmap
 import os
 import re
@@ -123,10 +124,32 @@ class ProcessUsage:
     host_pid: int  # 0 when not known
     started_ns: int
     devices: List[DeviceUsage] = field(default_factory=list)
+    owner: int = 0  # (pid << 32) | (start time in clock ticks & 0xffffffff)
 
     @property
     def mem_used(self) -> int:
         return sum(d.mem_used for d in self.devices)
+
+    def alive(self, proc_root: str = "/proc") -> Optional[bool]:
+        """Whether the slot's process still runs, as the host can tell: by its host
+        pid and start time (None when the host pid is not known)."""
+        if self.host_pid <= 0:
+            return None
+        start = process_start_ticks(self.host_pid, proc_root)
+        return start is not None and (start & 0xFFFFFFFF) == (self.owner & 0xFFFFFFFF)
+
+
+def process_start_ticks(pid: int, proc_root: str = "/proc") -> Optional[int]:
+    """Field 22 of /proc/<pid>/stat (None for a process gone or a zombie)."""
+    try:
+        with builtins.open(f"{proc_root}/{pid}/stat") as stat:  # `open` here is Region's
+            text = stat.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 # ---- pure checks ---------------------------------------------------------
@@ -306,7 +329,7 @@ class Region:
             if owner == 0 or owner == OWNER_RECLAIMING:
                 continue
             found.append(ProcessUsage(
-                slot=i, pid=slot.pid, host_pid=slot.host_pid, started_ns=slot.started_ns,
+                slot=i, pid=slot.pid, host_pid=slot.host_pid, started_ns=slot.started_ns, owner=owner,
                 devices=[DeviceUsage(slot.mem_used[d], slot.ctx_used[d], slot.sm_busy_ns[d],
                                      slot.launches[d]) for d in range(count)],
             ))

@@ -37,6 +37,12 @@ class ProcessView:
     sm_busy_ns: List[int]
     launches: List[int]
     sm_use_pct: List[Optional[float]] = field(default_factory=list)
+    # False: exited, its slot not yet reclaimed (its memory still counts against the
+    # limit until a process of the container reclaims it); None: host pid unknown.
+    alive: Optional[bool] = None
+
+    def uses(self, device: int) -> bool:
+        return self.alive is not False and bool(self.mem_used_bytes[device] or self.launches[device])
 
 
 @dataclass
@@ -91,7 +97,7 @@ def read_container(cid: str, path: str) -> ContainerView:
                     mem_used_bytes=[d.mem_used for d in proc.devices],
                     ctx_used_bytes=[d.ctx_used for d in proc.devices],
                     sm_busy_ns=[d.sm_busy_ns for d in proc.devices],
-                    launches=[d.launches for d in proc.devices]))
+                    launches=[d.launches for d in proc.devices], alive=proc.alive()))
     except (region.RegionError, OSError) as exc:
         view.error = str(exc)
     return view
@@ -160,18 +166,18 @@ def render_table(containers: List[ContainerView]) -> str:
             rows.append((c.id[:12], "-", "-", c.error, "", ""))
             continue
         for d in c.devices:
-            procs = sum(1 for p in c.processes
-                        if p.mem_used_bytes[d.index] or p.launches[d.index])
+            procs = sum(1 for p in c.processes if p.uses(d.index))
             rows.append((c.id[:12], str(d.index), d.uuid, f"{_mib(d.mem_used_bytes)} / "
                          f"{_limit_mib(d.mem_limit_bytes)}", _sm(d.sm_use_pct, d.sm_limit_pct),
                          str(procs)))
         for p in c.processes:
             host = str(p.host_pid) if p.host_pid else "?"
+            state = ", exited" if p.alive is False else ""
             for i, used in enumerate(p.mem_used_bytes):
                 if not used and not p.launches[i]:
                     continue
                 use = p.sm_use_pct[i] if i < len(p.sm_use_pct) else None
-                rows.append((f"  pid {p.pid} (host {host})", str(i), "",
+                rows.append((f"  pid {p.pid} (host {host}{state})", str(i), "",
                              f"{_mib(used)} (context {_mib(p.ctx_used_bytes[i])})",
                              "?" if use is None else f"{use:.0f}%", f"{p.launches[i]} launches"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

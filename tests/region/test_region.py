@@ -130,3 +130,16 @@ def test_header_override_must_exist(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert f"HAMI_REGION_HEADER: no such file: {tmp_path / 'none.h'}" in result.stderr
+
+
+@pytest.mark.parametrize("host_pid,owner_start,expected", [
+    (0, None, None),                 # host pid not known: cannot tell
+    (os.getpid(), "own", True),      # that process, same start time
+    (os.getpid(), "other", False),   # the pid was reused by another process
+    (2**22 + 1, "own", False),       # no such process
+])
+def test_process_alive_as_the_host_sees_it(host_pid, owner_start, expected):
+    start = region.process_start_ticks(os.getpid())
+    low = {None: 0, "own": start, "other": start + 1}[owner_start] & 0xFFFFFFFF
+    proc = region.ProcessUsage(slot=0, pid=1, host_pid=host_pid, started_ns=0, owner=(1 << 32) | low)
+    assert proc.alive() is expected

@@ -19,6 +19,17 @@ from tests.region.fakes import add_busy, fake_process
 MiB = 1024 * 1024
 CID_A = "a" * 64
 CID_B = "bbbbbbbbbbbbbbbbcontainer"
+HOST_PID = os.getpid()  # a live process the host can see, as the hook would record it
+
+
+def owner_of(pid_in_container, host_pid):
+    return (pid_in_container << 32) | (region.process_start_ticks(host_pid) & 0xFFFFFFFF)
+
+
+def gone_pid():
+    child = subprocess.Popen(["true"])
+    child.wait(timeout=10)
+    return child.pid
 
 
 @pytest.fixture
@@ -30,7 +41,8 @@ def state_dir(tmp_path):
         return region.create(d / region.REGION_FILE_NAME, devices)
 
     a = make(CID_A, [DeviceLimit("GPU-a", 1024 * MiB, 30)])
-    fake_process(a, 0, pid=1, host_pid=5001, usage={0: (300 * MiB, 100 * MiB, 0, 40)})
+    fake_process(a, 0, pid=1, host_pid=HOST_PID, owner=owner_of(1, HOST_PID),
+                 usage={0: (300 * MiB, 100 * MiB, 0, 40)})
     fake_process(a, 7, pid=2, usage={0: (212 * MiB, 100 * MiB, 0, 2)})
     b = make(CID_B, [DeviceLimit("GPU-b0", 2048 * MiB, 0), DeviceLimit("GPU-b1", 0, 60)])
     fake_process(b, 1, pid=9, usage={1: (64 * MiB, 64 * MiB, 0, 1)})
@@ -45,7 +57,8 @@ def test_read_all_reports_limits_and_summed_usage(state_dir):
     assert [(d.uuid, d.mem_used_bytes, d.mem_limit_bytes, d.sm_limit_pct) for d in a.devices] == [
         ("GPU-a", 512 * MiB, 1024 * MiB, 30)]
     assert [(p.pid, p.host_pid, p.mem_used_bytes) for p in a.processes] == [
-        (1, 5001, [300 * MiB]), (2, 0, [212 * MiB])]
+        (1, HOST_PID, [300 * MiB]), (2, 0, [212 * MiB])]
+    assert [p.alive for p in a.processes] == [True, None]
     assert [(d.mem_used_bytes, d.mem_limit_bytes, d.sm_limit_pct) for d in b.devices] == [
         (0, 2048 * MiB, 0), (64 * MiB, 0, 60)]
 
@@ -73,11 +86,24 @@ def test_table_shows_each_container_device_and_process(state_dir):
     lines = result.output.splitlines()
     assert lines[0].split()[:3] == ["CONTAINER", "DEV", "UUID"]
     assert re.search(r"^aaaaaaaaaaaa\s+0\s+GPU-a\s+512 / 1024\s+\? / 30%\s+2$", result.output, re.M)
-    assert re.search(r"^  pid 1 \(host 5001\)\s+0\s+300 \(context 100\)\s+\?\s+40 launches$",
+    assert re.search(rf"^  pid 1 \(host {HOST_PID}\)\s+0\s+300 \(context 100\)\s+\?\s+40 launches$",
                      result.output, re.M)
     assert re.search(r"^  pid 2 \(host \?\)\s+0\s+212 \(context 100\)", result.output, re.M)
     assert re.search(r"^bbbbbbbbbbbb\s+0\s+GPU-b0\s+0 / 2048\s+\? / -\s+0$", result.output, re.M)
     assert re.search(r"^bbbbbbbbbbbb\s+1\s+GPU-b1\s+64 / -\s+\? / 60%\s+1$", result.output, re.M)
+
+
+def test_exited_process_is_marked_and_not_counted(state_dir):
+    """A slot whose process is gone still counts against the limit until a process of
+    the container reclaims it; top says so and counts only live processes."""
+    path = state_dir / "containers" / CID_A / region.REGION_FILE_NAME
+    dead = gone_pid()
+    fake_process(path, 9, pid=4, host_pid=dead, owner=owner_of(4, HOST_PID),
+                 usage={0: (24 * MiB, 24 * MiB, 0, 0)})
+    result = CliRunner().invoke(top.top_command, ["--state-dir", str(state_dir), "--interval", "0"])
+    assert re.search(r"^aaaaaaaaaaaa\s+0\s+GPU-a\s+536 / 1024\s+\? / 30%\s+2$", result.output, re.M)
+    assert re.search(rf"^  pid 4 \(host {dead}, exited\)\s+0\s+24 \(context 24\)", result.output,
+                     re.M), result.output
 
 
 def test_json_output(state_dir):
