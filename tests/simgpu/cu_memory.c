@@ -36,6 +36,8 @@ static CUresult alloc_charged(struct sim_ctx *ctx, size_t size, uint64_t charge,
 
 CUresult sim_alloc_device(struct sim_ctx *ctx, size_t size, CUdeviceptr *out)
 {
+    if (size > sim_config()->memory_mib * SIM_MIB)
+        return CUDA_ERROR_OUT_OF_MEMORY;  /* never fits; and rounding it up could wrap */
     return alloc_charged(ctx, size, sim_round_up(size, SIM_PAGE), out);
 }
 

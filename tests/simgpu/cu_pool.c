@@ -83,6 +83,8 @@ void sim_pools_release_ctx(struct sim_ctx *ctx)
 
 static CUresult pool_alloc(struct sim_pool *p, size_t size, struct sim_ctx *ctx, CUdeviceptr *out)
 {
+    if (size > sim_config()->memory_mib * SIM_MIB)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t bytes = pool_bytes(size);
     size_t mapped = sim_round_up(size, 4096);
     void *mem = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -307,7 +307,7 @@ static uint64_t sum_used_locked(struct sim_state *s, int dev)
 int sim_charge(int dev, uint64_t bytes)
 {
     struct sim_state *s = sim_state();
-    if (!s)
+    if (!s || bytes > s->memory_bytes)
         return -1;
     state_lock(s);
     struct sim_proc_slot *me = self_locked(s);
