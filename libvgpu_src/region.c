@@ -498,7 +498,7 @@ int hami_region_nvml_index(nvmlDevice_t dev)
     char uuid[HAMI_UUID_LEN] = "";
     if (!get_uuid || get_uuid(dev, uuid, sizeof uuid) != NVML_SUCCESS)
         return -1;
-    int index;
+    int index = -1;
     if (region_has_uuids(r)) {
         index = index_of_uuid(r, uuid);
     } else if (getenv("CUDA_VISIBLE_DEVICES")) {
