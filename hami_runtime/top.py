@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
@@ -213,7 +214,24 @@ def resolve_state_dir(state_dir: Optional[str]) -> str:
 @click.option("--interval", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="seconds between the two reads SM use is measured over (0: no SM use)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def top_command(state_dir, interval, as_json):
+@click.option("--watch", is_flag=True, help="refresh every interval until interrupted")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="with --watch: stop after this many refreshes")
+def top_command(state_dir, interval, as_json, watch, count):
     """Memory and SM use per GPU container and process."""
-    containers = sample(resolve_state_dir(state_dir), interval)
-    click.echo(render_json(containers, interval) if as_json else render_table(containers))
+    if watch and interval <= 0:
+        raise click.BadParameter(f"{interval} must be above 0 with --watch", param_hint="--interval")
+    state_dir = resolve_state_dir(state_dir)
+    clear = watch and not as_json and sys.stdout.isatty()
+    shown = 0
+    try:
+        while True:
+            containers = sample(state_dir, interval)
+            if clear:
+                click.echo("\033[H\033[J", nl=False)
+            click.echo(render_json(containers, interval) if as_json else render_table(containers))
+            shown += 1
+            if not watch or (count is not None and shown >= count):
+                return
+    except KeyboardInterrupt:
+        return

@@ -242,3 +242,18 @@ def test_metrics_over_ipv6_loopback(state_dir):
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_watch_refreshes_count_times(state_dir):
+    result = CliRunner().invoke(top.top_command, ["--state-dir", str(state_dir), "--interval", "0.05",
+                                                  "--watch", "--count", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("CONTAINER") == 3
+    assert "\033[" not in result.output  # no screen control when not on a terminal
+
+
+def test_watch_needs_an_interval(state_dir):
+    result = CliRunner().invoke(top.top_command, ["--state-dir", str(state_dir), "--interval", "0",
+                                                  "--watch"])
+    assert result.exit_code == 2
+    assert "--interval" in result.output and "0.0 must be above 0 with --watch" in result.output
