@@ -46,8 +46,12 @@ def test_context_larger_than_limit_is_refused(probe):
 
 
 def test_per_device_limit_applies_to_its_device_only(probe):
-    result = probe.run("link", "info", CUDA_DEVICE_MEMORY_LIMIT_1="512m")
-    assert result.fields["total"] == 16384 * MIB  # device 0 keeps its size
+    ctx = probe.context_bytes()
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": "2g", "CUDA_DEVICE_MEMORY_LIMIT_1": "512m"}
+    assert probe.run("link", "info", **env).fields["total"] == 2048 * MIB
+    assert probe.run("link", "info", PROBE_DEVICE=1, **env).fields["total"] == 512 * MIB
+    largest = probe.run("link", "max", "mem", PROBE_DEVICE=1, **env).fields["max"]
+    assert abs((512 * MIB - ctx) - largest) <= TOLERANCE
 
 
 @pytest.mark.parametrize("mode", MODES)

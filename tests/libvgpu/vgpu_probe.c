@@ -23,7 +23,8 @@
  *   badfree              frees a pointer never allocated; prints rc=N
  *   rtldnext             checks dlsym(RTLD_NEXT) through libvgpu's dlsym; prints same=1
  * KIND: mem pitch managed async pool vmm array array3d
- * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context.
+ * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context;
+ * PROBE_DEVICE=N works on CUDA device N (default 0).
  * Exit 77 when the driver lacks an entry point the command needs.
  */
 #include <dlfcn.h>
@@ -148,7 +149,8 @@ static void open_context(void)
     NEED(cuInit);
     NEED(cuDeviceGet);
     CHECK(api.cuInit(0));
-    CHECK(api.cuDeviceGet(&device, 0));
+    const char *ordinal = getenv("PROBE_DEVICE");
+    CHECK(api.cuDeviceGet(&device, ordinal ? atoi(ordinal) : 0));
     const char *how = getenv("PROBE_CTX");
     if (how && !strcmp(how, "create")) {
         NEED(cuCtxCreate_v2);
