@@ -94,7 +94,7 @@ def build_injection(cfg: Config, runc_root: str, cid: str, grants, gpus, majors,
         hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV), marker=marker)
 
 
-def _prepare_host_side(cfg: Config, cid: str, inv, grants, request) -> None:
+def _prepare_host_side(cfg: Config, cid: str, inv, grants, request, creator: dict) -> None:
     from . import region
     region_dir = store.container_dir(cfg.state_dir, cid)
     private = store.private_dir(cfg.state_dir, cid)
@@ -107,8 +107,8 @@ def _prepare_host_side(cfg: Config, cid: str, inv, grants, request) -> None:
                   core_policy=request.core_policy, priority=request.priority)
     atomic_write(os.path.join(private, "ld.so.preload"),
                  (modifiers.LIBVGPU_PATH + "\n").encode(), 0o644)
-    atomic_write(os.path.join(private, "owner.json"),
-                 json.dumps({"id": cid, "runc_root": inv.root, "bundle": inv.bundle}).encode(), 0o600)
+    owner = {"id": cid, "runc_root": inv.root, "bundle": inv.bundle, "creator": creator}
+    atomic_write(os.path.join(private, "owner.json"), json.dumps(owner).encode(), 0o600)
 
 
 def prepare(cfg: Config, inv) -> bool:
@@ -152,7 +152,7 @@ def prepare(cfg: Config, inv) -> bool:
         marker = {k: v for k, v in entry.items() if k not in ("runc_root", "bundle")}
         entry["creator"] = {"pid": os.getpid(), "start": process_start(os.getpid())}
         try:
-            _prepare_host_side(cfg, cid, inv, grants, request)
+            _prepare_host_side(cfg, cid, inv, grants, request, entry["creator"])
             edited = modifiers.apply(copy.deepcopy(spec), build_injection(
                 cfg, inv.root, cid, grants, gpus, majors, driver_files, request, marker))
             spec_io.write(bundle, edited)

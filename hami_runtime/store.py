@@ -101,13 +101,24 @@ def rebuild(state_dir: str, roots: Iterable[str]) -> Dict[str, dict]:
     private = os.path.join(state_dir, "private")
     ids = sorted(os.listdir(private)) if os.path.isdir(private) else []
     roots = set(roots)
+    owners: Dict[str, dict] = {}
     for cid in ids:
         try:
             with open(os.path.join(private, cid, "owner.json"), encoding="utf-8") as handle:
-                roots.add(json.load(handle)["runc_root"])
+                owners[cid] = json.load(handle)
+            roots.add(owners[cid]["runc_root"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
     found: Dict[str, dict] = {}
+    # A create still running (before runc made its dir) is live too.
+    for cid, owner in owners.items():
+        creator = owner.get("creator") if isinstance(owner, dict) else None
+        if isinstance(creator, dict) and process_alive(creator.get("pid", 0), creator.get("start")):
+            entry = _marker_of(owner.get("bundle", ""))
+            if isinstance(entry, dict) and entry.get("id") == cid:
+                entry.update(runc_root=owner.get("runc_root"), bundle=owner.get("bundle"),
+                             creator=creator)
+                found[cid] = entry
     for root in sorted(r for r in roots if isinstance(r, str)):
         for cid in ids:
             if cid in found or not os.path.isdir(os.path.join(root, cid)):

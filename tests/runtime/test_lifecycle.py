@@ -217,3 +217,22 @@ def test_launcher_reads_the_runtime_key(node, runtime_line, works):
         assert proc.returncode == 0 and proc.stdout.startswith("ID"), proc.stderr
     else:
         assert proc.returncode == 1 and "config runtime" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_rebuild_keeps_a_create_in_flight(node):
+    """A create that allocated but has not become a runc container yet (its
+    process still runs) survives a lost state file."""
+    ctx = multiprocessing.get_context("fork")
+    results, hold = ctx.Queue(), ctx.Event()
+    bundle = node.bundle("flight", {"hami.io/gpumem": "4000"})
+    proc = ctx.Process(target=_race_one, args=(str(node.config), str(node.state_dir),
+                                               str(node.runc_root), str(bundle), "flight", results, hold))
+    proc.start()
+    try:
+        assert results.get(timeout=TIMEOUT) == ("flight", "ok")
+        (node.state_dir / "allocations.json").unlink()
+        assert [(r["container"], r["memory_mib"]) for r in node.ps()] == [("flight", 4000)]
+    finally:
+        hold.set()
+        proc.join(TIMEOUT)
+    assert node.ps() == []
