@@ -35,6 +35,10 @@ def main(argv=None) -> int:
         report(f"{exc.filename or 'runtime'}: {exc.strerror}", inv.log_path if inv else None,
                inv.log_format if inv else "text")
         return 1
+    except Exception as exc:  # still one line for the engine, never a traceback
+        message = " ".join(f"internal error: {type(exc).__name__}: {exc}".split())
+        report(message, inv.log_path if inv else None, inv.log_format if inv else "text")
+        return 1
     return 1  # not reached: execv replaced us
 
 

@@ -120,3 +120,23 @@ def test_bad_input(busy, case, make, cid, config, field, value):
     entry = json.loads(logged)
     assert entry["level"] == "error" and field in entry["msg"] and entry["time"]
     assert snapshot(node) == before
+
+
+def test_unexpected_failure_is_one_line(node, monkeypatch, capsys):
+    """Whatever breaks inside create (here the region layer) still ends as one
+    line and exit 1, with nothing left behind."""
+    from hami_runtime import cli, region
+
+    def broken(*args, **kwargs):
+        raise region.RegionError("disk on fire\nsecond line")
+
+    monkeypatch.setattr(region, "create", broken)
+    monkeypatch.setenv("HAMI_CONFIG", str(node.config))
+    monkeypatch.setenv("HAMI_SIM_STATE", str(node.sim_state / "gpu.state"))
+    bundle = node.bundle("boom", {"hami.io/gpumem": "10"})
+    before = (bundle / "config.json").read_bytes()
+    assert cli.main(["--root", str(node.runc_root), "create", "--bundle", str(bundle), "boom"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RegionError: disk on fire second line" in err
+    assert (bundle / "config.json").read_bytes() == before
+    assert node.allocations() == {} and os.listdir(node.state_dir / "containers") == []
