@@ -172,15 +172,13 @@ def _load(state_dir: str, roots: Iterable[str]) -> Dict[str, dict]:
             data = json.load(handle)
         if _valid_state(data):
             return data["allocations"]
-        problem = "unexpected content"
     except FileNotFoundError:
         return rebuild(state_dir, roots)
-    except (OSError, ValueError) as exc:
-        problem = str(exc)
+    except (OSError, ValueError):
+        pass
     # Keep the bad file for the operator, then rebuild from what runs.
     with contextlib.suppress(OSError):
         os.replace(path, f"{path}.corrupt-{int(time.time())}")
-    del problem
     return rebuild(state_dir, roots)
 
 
