@@ -79,17 +79,42 @@ static uint64_t pidns_inode(void)
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-static int slot_alive(const struct sim_proc_slot *p)
+struct slot_id { int index; uint32_t pid; uint64_t start, pidns, heartbeat; };
+
+/* A same-namespace process whose start time was read less than 100 ms ago and that
+ * still exists is taken as alive without reading /proc again (keeps sweeps cheap when
+ * many processes query at once; a zombie is noticed within 100 ms). */
+#define SIM_ALIVE_CACHE_NS 100000000ULL
+static struct { uint32_t pid; uint64_t start, checked_ns; } alive_cache[SIM_MAX_PROCS];
+static pthread_mutex_t alive_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int slot_alive(const struct slot_id *id)
 {
-    if (p->pidns && self_pidns && p->pidns != self_pidns)
-        return sim_now_ns() - atomic_load(&p->heartbeat_ns) < (uint64_t)sim_config()->stale_seconds * 1000000000ULL;
+    uint64_t now = sim_now_ns();
+    if (id->pidns && self_pidns && id->pidns != self_pidns)
+        return now - id->heartbeat < (uint64_t)sim_config()->stale_seconds * 1000000000ULL;
+    if (kill((pid_t)id->pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    pthread_mutex_lock(&alive_cache_lock);
+    int cached = alive_cache[id->index].pid == id->pid && alive_cache[id->index].start == id->start &&
+                 now - alive_cache[id->index].checked_ns < SIM_ALIVE_CACHE_NS;
+    pthread_mutex_unlock(&alive_cache_lock);
+    if (cached)
+        return 1;
     uint64_t start;
     char letter;
-    if (proc_stat(p->pid, &start, &letter) < 0)
-        return kill((pid_t)p->pid, 0) == 0 || errno == EPERM;
+    if (proc_stat(id->pid, &start, &letter) < 0)
+        return kill((pid_t)id->pid, 0) == 0 || errno == EPERM;
     if (letter == 'Z' || letter == 'X')
         return 0;  /* exited: a real driver has released its memory already */
-    return p->start_time == 0 || start == p->start_time;
+    if (id->start != 0 && start != id->start)
+        return 0;  /* the pid was reused */
+    pthread_mutex_lock(&alive_cache_lock);
+    alive_cache[id->index].pid = id->pid;
+    alive_cache[id->index].start = id->start;
+    alive_cache[id->index].checked_ns = now;
+    pthread_mutex_unlock(&alive_cache_lock);
+    return 1;
 }
 
 static void state_lock(struct sim_state *s)
@@ -237,18 +262,47 @@ static void *heartbeat(void *arg)
     return NULL;
 }
 
-static void sweep_locked(struct sim_state *s)
+/* Reclaims the slots of processes that are gone. Liveness is checked without the lock
+ * (it reads /proc); a slot is cleared under it only if it still holds the process that
+ * was found dead. */
+static void reclaim(struct sim_state *s, int locked, const struct slot_id *dead, int n)
 {
-    for (int i = 0; i < (int)s->slot_hwm; i++) {
-        struct sim_proc_slot *p = &s->procs[i];
-        if (!p->live || i == self_slot || slot_alive(p))
+    if (!locked)
+        state_lock(s);
+    for (int k = 0; k < n; k++) {
+        struct sim_proc_slot *p = &s->procs[dead[k].index];
+        if (!p->live || p->pid != dead[k].pid || p->start_time != dead[k].start || p->pidns != dead[k].pidns)
             continue;
         for (int d = 0; d < SIM_MAX_DEVICES; d++) {
             atomic_store(&p->used[d], 0);
             atomic_store(&p->contexts[d], 0);
         }
-        p->live = 0;
+        __atomic_store_n(&p->live, 0, __ATOMIC_RELEASE);
     }
+    if (!locked)
+        state_unlock(s);
+}
+
+static void sweep(struct sim_state *s, int locked)
+{
+    struct slot_id dead[32];
+    int n = 0;
+    int hwm = (int)__atomic_load_n(&s->slot_hwm, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < hwm && i < SIM_MAX_PROCS; i++) {
+        struct sim_proc_slot *p = &s->procs[i];
+        if (!__atomic_load_n(&p->live, __ATOMIC_ACQUIRE) || i == self_slot)
+            continue;
+        struct slot_id id = {i, p->pid, p->start_time, p->pidns, atomic_load(&p->heartbeat_ns)};
+        if (slot_alive(&id))
+            continue;
+        dead[n++] = id;
+        if (n == (int)(sizeof dead / sizeof *dead)) {
+            reclaim(s, locked, dead, n);
+            n = 0;
+        }
+    }
+    if (n)
+        reclaim(s, locked, dead, n);
 }
 
 /* This process's slot, claimed on first use (state lock held). */
@@ -274,10 +328,10 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
                 atomic_store(&p->used[d], 0);
                 atomic_store(&p->contexts[d], 0);
             }
-            p->live = 1;
+            __atomic_store_n(&p->live, 1, __ATOMIC_RELEASE);
             self_slot = i;
             if (s->slot_hwm < (uint32_t)i + 1)
-                s->slot_hwm = (uint32_t)i + 1;
+                __atomic_store_n(&s->slot_hwm, (uint32_t)i + 1, __ATOMIC_RELEASE);
             if (!heartbeat_started) {
                 pthread_t t;
                 pthread_attr_t attr;
@@ -290,7 +344,7 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
             }
             return p;
         }
-        sweep_locked(s);
+        sweep(s, 1);
     }
     return NULL;
 }
@@ -315,7 +369,9 @@ int sim_charge(int dev, uint64_t bytes)
     if (me) {
         uint64_t used = sum_used_locked(s, dev);
         if (used + bytes > s->memory_bytes) {
-            sweep_locked(s);
+            state_unlock(s);
+            sweep(s, 0);
+            state_lock(s);
             used = sum_used_locked(s, dev);
         }
         if (used + bytes <= s->memory_bytes) {
@@ -357,8 +413,8 @@ uint64_t sim_device_used(int dev)
     struct sim_state *s = sim_state();
     if (!s)
         return 0;
+    sweep(s, 0);
     state_lock(s);
-    sweep_locked(s);
     uint64_t used = sum_used_locked(s, dev);
     state_unlock(s);
     return used;
@@ -370,8 +426,8 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
     if (!s)
         return 0;
     unsigned n = 0;
+    sweep(s, 0);
     state_lock(s);
-    sweep_locked(s);
     for (int i = 0; i < (int)s->slot_hwm; i++) {
         struct sim_proc_slot *p = &s->procs[i];
         uint64_t used = atomic_load(&p->used[dev]);
@@ -488,7 +544,7 @@ __attribute__((destructor)) static void release_self(void)
         atomic_store(&p->used[d], 0);
         atomic_store(&p->contexts[d], 0);
     }
-    p->live = 0;
+    __atomic_store_n(&p->live, 0, __ATOMIC_RELEASE);
     self_slot = -1;
     state_unlock(s);
 }
