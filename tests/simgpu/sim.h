@@ -21,7 +21,7 @@
 #define SIM_MAX_PROCS 1024
 #define SIM_RING 32768                   /* kernel intervals remembered per device */
 #define SIM_STATE_MAGIC 0x3154535f4d495348ULL
-#define SIM_STATE_VERSION 2
+#define SIM_STATE_VERSION 3
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
 #define SIM_HEARTBEAT_NS 1000000000ULL
@@ -53,6 +53,7 @@ struct sim_proc_slot {
     uint64_t start_time;                 /* /proc/<pid>/stat field 22 */
     uint64_t pidns;                      /* inode of /proc/<pid>/ns/pid */
     _Atomic uint64_t heartbeat_ns;
+    _Atomic uint64_t verified_ns;        /* when a process of its namespace last read its /proc entry */
     _Atomic uint64_t used[SIM_MAX_DEVICES];       /* bytes of device memory */
     _Atomic uint32_t contexts[SIM_MAX_DEVICES];   /* live contexts per device */
 };

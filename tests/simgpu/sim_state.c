@@ -81,25 +81,20 @@ static uint64_t pidns_inode(void)
 
 struct slot_id { int index; uint32_t pid; uint64_t start, pidns, heartbeat; };
 
-/* A same-namespace process whose start time was read less than 100 ms ago and that
- * still exists is taken as alive without reading /proc again (keeps sweeps cheap when
- * many processes query at once; a zombie is noticed within 100 ms). */
-#define SIM_ALIVE_CACHE_NS 100000000ULL
-static struct { uint32_t pid; uint64_t start, checked_ns; } alive_cache[SIM_MAX_PROCS];
-static pthread_mutex_t alive_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+/* A same-namespace process that still exists and whose /proc entry some process read
+ * less than 100 ms ago is taken as alive without reading it again: sweeps stay cheap
+ * when many processes query at once. A reaped process is noticed at once (kill fails),
+ * a zombie or a reused pid within 100 ms. */
+#define SIM_VERIFIED_NS 100000000ULL
 
-static int slot_alive(const struct slot_id *id)
+static int slot_alive(struct sim_proc_slot *p, const struct slot_id *id)
 {
     uint64_t now = sim_now_ns();
     if (id->pidns && self_pidns && id->pidns != self_pidns)
         return now - id->heartbeat < (uint64_t)sim_config()->stale_seconds * 1000000000ULL;
     if (kill((pid_t)id->pid, 0) != 0 && errno == ESRCH)
         return 0;
-    pthread_mutex_lock(&alive_cache_lock);
-    int cached = alive_cache[id->index].pid == id->pid && alive_cache[id->index].start == id->start &&
-                 now - alive_cache[id->index].checked_ns < SIM_ALIVE_CACHE_NS;
-    pthread_mutex_unlock(&alive_cache_lock);
-    if (cached)
+    if (now - atomic_load(&p->verified_ns) < SIM_VERIFIED_NS)
         return 1;
     uint64_t start;
     char letter;
@@ -109,11 +104,7 @@ static int slot_alive(const struct slot_id *id)
         return 0;  /* exited: a real driver has released its memory already */
     if (id->start != 0 && start != id->start)
         return 0;  /* the pid was reused */
-    pthread_mutex_lock(&alive_cache_lock);
-    alive_cache[id->index].pid = id->pid;
-    alive_cache[id->index].start = id->start;
-    alive_cache[id->index].checked_ns = now;
-    pthread_mutex_unlock(&alive_cache_lock);
+    atomic_store(&p->verified_ns, now);
     return 1;
 }
 
@@ -293,7 +284,7 @@ static void sweep(struct sim_state *s, int locked)
         if (!__atomic_load_n(&p->live, __ATOMIC_ACQUIRE) || i == self_slot)
             continue;
         struct slot_id id = {i, p->pid, p->start_time, p->pidns, atomic_load(&p->heartbeat_ns)};
-        if (slot_alive(&id))
+        if (slot_alive(p, &id))
             continue;
         dead[n++] = id;
         if (n == (int)(sizeof dead / sizeof *dead)) {
@@ -324,6 +315,7 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
             p->start_time = self_start;
             p->pidns = self_pidns;
             atomic_store(&p->heartbeat_ns, sim_now_ns());
+            atomic_store(&p->verified_ns, 0);
             for (int d = 0; d < SIM_MAX_DEVICES; d++) {
                 atomic_store(&p->used[d], 0);
                 atomic_store(&p->contexts[d], 0);
