@@ -137,7 +137,7 @@ static struct sim_state *map_fd(int fd)
 }
 
 /* Writes a fresh state under a temporary name and links it into place. */
-static int create_state(const char *path, const struct sim_config *cfg)
+static int create_state(const char *path, const struct sim_config *cfg, int replace)
 {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d.%llu", path, (int)getpid(), (unsigned long long)sim_now_ns());
@@ -150,7 +150,7 @@ static int create_state(const char *path, const struct sim_config *cfg)
     if (ftruncate(fd, sizeof(struct sim_state)) == 0 && (s = map_fd(fd))) {
         init_fresh(s, cfg);
         msync(s, 4096, MS_SYNC);
-        if (link(tmp, path) == 0 || errno == EEXIST)
+        if (replace ? rename(tmp, path) == 0 : link(tmp, path) == 0 || errno == EEXIST)
             rc = 0;
         munmap(s, sizeof(struct sim_state));
     }
@@ -172,7 +172,7 @@ static struct sim_state *open_state(void)
     for (int attempt = 0; attempt < 3; attempt++) {
         int fd = open(path, O_RDWR | O_CLOEXEC);
         if (fd < 0 && errno == ENOENT) {
-            if (create_state(path, cfg) < 0) {
+            if (create_state(path, cfg, 0) < 0) {
                 fprintf(stderr, "hami-sim: HAMI_SIM_STATE=%s: cannot create: %s\n", path, strerror(errno));
                 return NULL;
             }
@@ -184,6 +184,19 @@ static struct sim_state *open_state(void)
         }
         struct stat st;
         struct sim_state *s = NULL;
+        struct { uint64_t magic; uint32_t version; } head = {0, 0};
+        if (pread(fd, &head, sizeof head, 0) == (ssize_t)sizeof head && head.magic == SIM_STATE_MAGIC &&
+            head.version < SIM_STATE_VERSION) {
+            /* left by an older build of the simulator: start a fresh machine */
+            close(fd);
+            fprintf(stderr, "hami-sim: HAMI_SIM_STATE=%s: replacing a state file of version %u\n", path,
+                    head.version);
+            if (create_state(path, cfg, 1) < 0) {
+                fprintf(stderr, "hami-sim: HAMI_SIM_STATE=%s: cannot replace: %s\n", path, strerror(errno));
+                return NULL;
+            }
+            continue;
+        }
         if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct sim_state))
             s = map_fd(fd);
         close(fd);

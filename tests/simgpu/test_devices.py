@@ -127,3 +127,14 @@ def test_nvidia_smi_query_and_table(run_py, spawn_py, sim_env):
     bad = subprocess.run([SIM_BIN / "nvidia-smi", "--query-gpu=index,colour"], env=sim_env, capture_output=True,
                          text=True, timeout=10)
     assert bad.returncode == 1 and "unknown field 'colour'" in bad.stderr
+
+
+@pytest.mark.parametrize("content, rc, message", [
+    # a file left by an older build of the simulator: a fresh machine replaces it
+    (bytes.fromhex("48534d5f53545431") + (2).to_bytes(4, "little") + bytes(100), "0", "replacing a state file of version 2"),
+    (b"not a state file at all", "304", "not a state file of version"),
+])
+def test_foreign_state_files(run_py, sim_env, tmp_path, content, rc, message):
+    (tmp_path / "sim.state").write_bytes(content)
+    proc = run_py("print(Cuda().rc('cuInit', 0))", check=False)
+    assert proc.stdout.strip() == rc and message in proc.stderr
