@@ -151,15 +151,18 @@ def prepare(cfg: Config, inv) -> bool:
         }
         marker = {k: v for k, v in entry.items() if k not in ("runc_root", "bundle")}
         entry["creator"] = {"pid": os.getpid(), "start": process_start(os.getpid())}
-        try:
-            _prepare_host_side(cfg, cid, inv, grants, request, entry["creator"])
-            edited = modifiers.apply(copy.deepcopy(spec), build_injection(
-                cfg, inv.root, cid, grants, gpus, majors, driver_files, request, marker))
-            spec_io.write(bundle, edited)
-        except BaseException:
-            store.remove_dirs(cfg.state_dir, cid)
-            raise
         state.allocations[cid] = entry
+    # The entry is committed and lives while this process (then runc) does, so
+    # the files are written outside the lock; a failure or a kill from here on
+    # is freed by the release below or by the next transaction.
+    try:
+        _prepare_host_side(cfg, cid, inv, grants, request, entry["creator"])
+        edited = modifiers.apply(copy.deepcopy(spec), build_injection(
+            cfg, inv.root, cid, grants, gpus, majors, driver_files, request, marker))
+        spec_io.write(bundle, edited)
+    except BaseException:
+        store.release(cfg.state_dir, cid, [inv.root])
+        raise
     log.write(cfg, "info", f"{cid}: allocated " + ", ".join(
         f"GPU {g.index} {g.mem_mib}MiB {g.cores}%" for g in grants))
     return True
