@@ -131,7 +131,8 @@ def test_nvidia_smi_query_and_table(run_py, spawn_py, sim_env):
 
 @pytest.mark.parametrize("content, rc, message", [
     # a file left by an older build of the simulator: a fresh machine replaces it
-    (bytes.fromhex("48534d5f53545431") + (2).to_bytes(4, "little") + bytes(100), "0", "replacing a state file of version 2"),
+    ((0x3154535f4d495348).to_bytes(8, "little") + (2).to_bytes(4, "little") + bytes(100), "0",
+     "replacing a state file of version 2"),
     (b"not a state file at all", "304", "not a state file of version"),
 ])
 def test_foreign_state_files(run_py, sim_env, tmp_path, content, rc, message):
