@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_ORDINALS 64
@@ -134,6 +135,70 @@ static uint64_t measured(const struct snapshot *before, const struct snapshot *a
     return before->free != UNKNOWN && after->free != UNKNOWN && before->free > after->free
                ? before->free - after->free
                : 0;
+}
+
+/* ---- what the driver allocated on its own ---- */
+
+#define RECONCILE_EVERY_NS 100000000ull
+
+static uint64_t growth[HAMI_MAX_DEVICES];      /* charged by reconciliation, per device */
+static uint64_t reconciled_ns[HAMI_MAX_DEVICES];
+static pthread_mutex_t reconcile_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The driver's per-process count is the truth: what it holds for this process beyond
+ * what the hooks charged (a context growing as modules load, graph memory, anything
+ * reached past the hooks, e.g. through RTLD_DEEPBIND) is charged as context memory,
+ * and given back when it shrinks. Estimated low, never high: the hooks charge before
+ * the driver allocates and give back after it frees, and the larger of two readings of
+ * our count around the driver's is used. At most every 100 ms per device, never during
+ * a context creation (whose memory the driver already shows but we have yet to charge). */
+void hami_reconcile(int index, CUdevice dev)
+{
+    struct hami_proc_slot *self = hami_region_self();
+    if (!self || index < 0 || index >= HAMI_MAX_DEVICES || !hami_mem_limit(index))
+        return;
+    uint64_t now = monotonic_ns();
+    if (now - __atomic_load_n(&reconciled_ns[index], __ATOMIC_RELAXED) < RECONCILE_EVERY_NS)
+        return;
+    if (pthread_mutex_trylock(&ctx_lock) != 0)
+        return;
+    if (pthread_mutex_trylock(&reconcile_lock) != 0) {
+        pthread_mutex_unlock(&ctx_lock);
+        return;
+    }
+    __atomic_store_n(&reconciled_ns[index], now, __ATOMIC_RELAXED);
+    static struct snapshot snap;   /* under reconcile_lock */
+    uint64_t ours = __atomic_load_n(&self->mem_used[index], __ATOMIC_SEQ_CST);
+    take_snapshot(nvml_handle(dev), &snap);
+    uint64_t ours_after = __atomic_load_n(&self->mem_used[index], __ATOMIC_SEQ_CST);
+    if (ours_after > ours)
+        ours = ours_after;
+    const nvmlProcessInfo_t *mine = find_pid(&snap, host_pid);
+    if (!mine)
+        mine = find_pid(&snap, (unsigned int)getpid());
+    if (mine) {
+        uint64_t hooked = ours > growth[index] ? ours - growth[index] : 0;
+        uint64_t target = mine->usedGpuMemory > hooked ? mine->usedGpuMemory - hooked : 0;
+        if (target > growth[index]) {
+            hami_mem_charge_force(index, target - growth[index]);
+            hami_ctx_charged(index, (int64_t)(target - growth[index]));
+            hami_info("device %d: %llu bytes the driver holds past the hooks, now charged", index,
+                      (unsigned long long)target);
+        } else if (target < growth[index]) {
+            hami_mem_uncharge(index, growth[index] - target);
+            hami_ctx_charged(index, -(int64_t)(growth[index] - target));
+        }
+        growth[index] = target;
+    }
+    pthread_mutex_unlock(&reconcile_lock);
+    pthread_mutex_unlock(&ctx_lock);
 }
 
 /* ---- primary contexts ---- */

@@ -20,7 +20,10 @@ static uint64_t pages(uint64_t bytes)
 
 static int current_index(CUcontext *ctx)
 {
-    int index = hami_current_device_index(NULL);
+    CUdevice dev = 0;
+    int index = hami_current_device_index(&dev);
+    if (index >= 0 && !hami_in_driver)
+        hami_reconcile(index, dev);
     CUresult (*get_ctx)(CUcontext *) = HAMI_DRIVER(cuCtxGetCurrent);
     *ctx = NULL;
     if (index >= 0 && get_ctx)
@@ -321,6 +324,8 @@ static CUresult current_pool_alloc(enum async_call which, CUdeviceptr *dptr, siz
         get_pool = HAMI_DRIVER(cuDeviceGetDefaultMemPool);
     if (index < 0 || !get_pool || get_pool(&pool, dev) != CUDA_SUCCESS || !pool)
         return call_async(which, dptr, bytes, NULL, stream);
+    if (!hami_in_driver)
+        hami_reconcile(index, dev);
     return pool_alloc_or_plain(which, dptr, bytes, pool, stream, index);
 }
 
@@ -490,6 +495,7 @@ HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
         index = hami_region_device_index(prop->location.id);
     if (index < 0 || !handle || size == 0 || hami_in_driver)
         return real(handle, size, prop, flags);
+    hami_reconcile(index, prop->location.id);
     uint64_t charge = size;   /* a multiple of the granularity, or the driver refuses */
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -602,11 +608,13 @@ HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     if (!free || !total)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = real(free, total);
-    int index = rc == CUDA_SUCCESS ? hami_current_device_index(NULL) : -1;
+    CUdevice dev = 0;
+    int index = rc == CUDA_SUCCESS ? hami_current_device_index(&dev) : -1;
     uint64_t limit = hami_mem_limit(index);
     if (!limit)
         return rc;
     hami_pools_settle_all();
+    hami_reconcile(index, dev);
     uint64_t cap = min_u64(limit, *total);
     uint64_t used = hami_mem_container_used(index);
     *total = cap;

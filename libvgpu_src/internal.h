@@ -93,7 +93,10 @@ void hami_res_take_ctx(CUcontext ctx, void (*fn)(const struct hami_res *res));
 void hami_mem_release_ctx(CUcontext ctx);
 void hami_pools_settle_all(void);
 
-/* cuda_context.c: the region index of the current context's device (-1 if none). */
+/* cuda_context.c: the region index of the current context's device (-1 if none);
+ * charges what the driver holds for this process beyond what the hooks charged
+ * (called where a hook starts, before its own charge; throttled). */
 int hami_current_device_index(CUdevice *dev_out);
+void hami_reconcile(int index, CUdevice dev);
 
 #endif

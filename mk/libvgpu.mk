@@ -11,11 +11,15 @@ $(BUILD)/libvgpu.so: $(LIBVGPU_SRC) $(LIBVGPU_HDR) mk/libvgpu.mk
 
 # Test programs (tests/libvgpu): linked against the simulated libcuda, so that
 # LD_PRELOAD interposition of linked symbols is exercised too.
-LIBVGPU_TEST_PROGS := $(BUILD)/tests/vgpu_probe
+LIBVGPU_TEST_PROGS := $(BUILD)/tests/vgpu_probe $(BUILD)/tests/libdeepbind_helper.so
 
 $(BUILD)/tests/%: tests/libvgpu/%.c $(BUILD)/sim/lib/libcuda.so libvgpu_src/cuda_api.h libvgpu_src/nvml_api.h
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) -Ilibvgpu_src -pthread -o $@ $< -L$(BUILD)/sim/lib -Wl,--no-as-needed -lcuda -Wl,--as-needed -ldl
+
+$(BUILD)/tests/libdeepbind_helper.so: tests/libvgpu/deepbind_helper.c $(BUILD)/sim/lib/libcuda.so libvgpu_src/cuda_api.h
+	@mkdir -p $(@D)
+	$(CC) $(BASE_CFLAGS) -fvisibility=hidden -shared -Ilibvgpu_src -o $@ $< -L$(BUILD)/sim/lib -lcuda
 
 test: $(LIBVGPU_TEST_PROGS)
 libvgpu-tests: $(LIBVGPU_TEST_PROGS)

@@ -72,3 +72,23 @@ def test_views_unchanged_without_limit(probe):
 def test_limit_suffixes_are_case_insensitive(probe):
     for text in ("1073741824", "1048576k", "1024M", "1G", "1g"):
         assert probe.run("link", "info", CUDA_DEVICE_MEMORY_LIMIT=text).fields["total"] == LIMIT
+
+
+def test_memory_taken_past_the_hooks_is_charged_at_the_next_allocation(probe):
+    """Driver memory libvgpu did not see (here: a RTLD_DEEPBIND library calling the
+    driver directly; on a GPU also context growth and graph memory) counts too."""
+    from .conftest import PROBE
+
+    helper = PROBE.parent / "libdeepbind_helper.so"
+    ctx = probe.context_bytes()
+    hidden = 400 * MIB
+    fits_only_without_hidden = LIMIT - ctx - hidden // 2
+    result = probe.run("link", "bypass", helper, hidden, fits_only_without_hidden,
+                       CUDA_DEVICE_MEMORY_LIMIT=LIMIT, LIBCUDA_LOG_LEVEL=3)
+    assert result.fields["hidden_rc"] == 0
+    assert result.fields["rc"] == 2
+    # refused because the hidden memory was found in the driver's count, not by a hook
+    assert f"{hidden} bytes the driver holds past the hooks" in result.stderr
+    small = probe.run("link", "bypass", helper, hidden, LIMIT - ctx - hidden - 4 * MIB,
+                      CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
+    assert small.fields["rc"] == 0

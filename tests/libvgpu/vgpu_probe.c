@@ -21,6 +21,8 @@
  *   launch N             N zero-length kernel launches; prints rc=N
  *   uuids                the devices' UUIDs, one a line
  *   badfree              frees a pointer never allocated; prints rc=N
+ *   bypass LIB B1 B2     allocates B1 through LIB loaded with RTLD_DEEPBIND (past the
+ *                        hooks), then B2 through the hooks; prints hidden_rc, rc
  *   rtldnext             checks dlsym(RTLD_NEXT) through libvgpu's dlsym; prints same=1
  * KIND: mem pitch managed async pool vmm array array3d
  * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context;
@@ -523,6 +525,22 @@ int main(int argc, char **argv)
                 CHECK(give(argv[3], &b));
             rc = take(argv[3], bytes, &b);
         }
+        return 0;
+    }
+    if (!strcmp(cmd, "bypass") && argc > 5) {
+        /* allocates past libvgpu (RTLD_DEEPBIND), waits, then asks through the hooks */
+        void *lib = dlopen(argv[3], RTLD_NOW | RTLD_DEEPBIND);
+        int (*helper)(size_t, CUdeviceptr *) = lib ? (int (*)(size_t, CUdeviceptr *))dlsym(lib, "helper_alloc") : NULL;
+        if (!helper) {
+            printf("error helper %s\n", dlerror());
+            return 3;
+        }
+        CUdeviceptr hidden, seen;
+        int hidden_rc = helper(strtoull(argv[4], NULL, 10), &hidden);
+        usleep(200000);
+        NEED(cuMemAlloc_v2);
+        CUresult rc = api.cuMemAlloc_v2(&seen, strtoull(argv[5], NULL, 10));
+        printf("hidden_rc=%d rc=%d\n", hidden_rc, (int)rc);
         return 0;
     }
     if (!strcmp(cmd, "badfree")) {
