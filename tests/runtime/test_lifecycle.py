@@ -93,9 +93,9 @@ def test_sigkill_during_create_leaks_nothing(node, tmp_path):
         with open(tmp_path / "out", "wb") as out:
             proc = subprocess.Popen(RUNTIME + ["--root", str(node.runc_root), "create", "--bundle",
                                                str(bundle), f"k{n}"], stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=out, env=env)
+                                    stdout=out, stderr=out, env=env, start_new_session=True)
             time.sleep(delay)
-            proc.send_signal(signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # the runtime and anything it started
             proc.wait(TIMEOUT)
     assert node.ps() == []
     assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
