@@ -1,8 +1,14 @@
 """Runs sm_load (sm_load.c) on the simulated GPU with libvgpu preloaded, and
 turns its completion counts into shares of the unlimited rate.
 
-Shared by tests/libvgpu/test_sm_limit.py and bench/sm_accuracy.py. Each caller
-gives its own simulator state file, so its device timeline is private.
+The unlimited reference runs at the same time, on a second simulated GPU (its
+own state file): a simulated kernel ends when the driver's stream thread wakes
+up, so on a loaded machine throughput moves with the CPU load, and only a
+reference measured in the same seconds keeps the ratio honest.
+
+Shared by tests/libvgpu/test_sm_limit.py and bench/sm_accuracy.py. Every state
+file and region lives in the caller's directory, so nothing is shared with
+other runs.
 """
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import json
 import os
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,31 +78,34 @@ def finish(proc: subprocess.Popen, seconds: float) -> dict:
     return json.loads(out)
 
 
-def run_together(loads: list[Load], sim_state: Path, seconds: float,
-                 kernel_us: int = KERNEL_US) -> list[dict]:
-    """Starts every load at once; all measure the same window of `seconds`."""
+@dataclass(frozen=True)
+class Measurement:
+    results: list[dict]       # one per load, in order
+    reference: dict           # an unlimited process on its own device, same window
+
+    def share(self, i: int = 0) -> float:
+        """Throughput of load i in percent of the unlimited rate."""
+        return 100.0 * self.results[i]["completed"] / self.reference["completed"]
+
+    def per_second(self, i: int = 0) -> list[float]:
+        return [100.0 * n / max(ref, 1)
+                for n, ref in zip(self.results[i]["per_second"], self.reference["per_second"])]
+
+    def jitter(self, target: float, i: int = 0) -> float:
+        """Largest distance of one second's share from the target."""
+        return max(abs(p - target) for p in self.per_second(i))
+
+    def split(self, i: int = 0) -> float:
+        """Load i's part of everything the loads completed, percent."""
+        return 100.0 * self.results[i]["completed"] / sum(r["completed"] for r in self.results)
+
+
+def measure(loads: list[Load], workdir: Path, seconds: float, kernel_us: int = KERNEL_US) -> Measurement:
+    """Runs the loads on one simulated device and an unlimited reference on another,
+    all in the same window."""
+    reference = Load(region=workdir / f"reference-{uuid.uuid4().hex}.region")
     start_at = time.monotonic_ns() + int(WARMUP_S * 1e9)
-    procs = [start(load, sim_state, seconds, start_at, kernel_us) for load in loads]
-    return [finish(proc, seconds) for proc in procs]
-
-
-def run(load: Load, sim_state: Path, seconds: float, kernel_us: int = KERNEL_US) -> dict:
-    return run_together([load], sim_state, seconds, kernel_us)[0]
-
-
-def rate(result: dict) -> float:
-    """Kernels completed per second over the window."""
-    return result["completed"] / result["seconds"]
-
-
-def share_pct(result: dict, unlimited_rate: float) -> float:
-    return 100.0 * rate(result) / unlimited_rate
-
-
-def per_second_pct(result: dict, unlimited_rate: float) -> list[float]:
-    return [100.0 * n / unlimited_rate for n in result["per_second"]]
-
-
-def jitter_pct(result: dict, unlimited_rate: float, target: float) -> float:
-    """Largest distance of one second's share from the target."""
-    return max(abs(p - target) for p in per_second_pct(result, unlimited_rate))
+    ref_proc = start(reference, workdir / "reference.state", seconds, start_at, kernel_us)
+    procs = [start(load, workdir / "device.state", seconds, start_at, kernel_us) for load in loads]
+    results = [finish(proc, seconds) for proc in procs]
+    return Measurement(results, finish(ref_proc, seconds))
