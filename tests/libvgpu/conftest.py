@@ -56,8 +56,10 @@ class Probe:
         return proc
 
     def start(self, *args, preload=True, shared=True, **extra):
+        """A background probe; `hold` lets go when its stdin is closed (`release`)."""
         return subprocess.Popen([str(PROBE), *map(str, args)], env=self.env(preload, shared, **extra),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
     def context_bytes(self):
         """What a primary context takes on the driver, measured without libvgpu."""
@@ -77,3 +79,13 @@ def built():
 @pytest.fixture
 def probe(built, tmp_path):
     return Probe(tmp_path)
+
+
+def release(proc, timeout=20):
+    """Lets a holding probe free its memory and exit normally; kills it if it does not."""
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=timeout)
+    finally:
+        proc.kill()
+        proc.wait(timeout=timeout)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from .conftest import MIB
+from .conftest import MIB, release
 
 HOLD = 300 * MIB
 
@@ -23,27 +23,20 @@ def wait_line(proc, prefix, timeout=20):
     raise AssertionError(f"no {prefix!r} line: {proc.stderr.read()}")
 
 
-def finish(proc, timeout=20):
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        proc.kill()
-
-
 def test_two_processes_share_one_limit_and_a_third_is_refused(probe):
     ctx = probe.context_bytes()
     limit = 3 * ctx + 2 * HOLD + HOLD // 2  # room for two holders and a third context
     env = {"CUDA_DEVICE_MEMORY_LIMIT": limit}
-    first = probe.start("link", "hold", "mem", HOLD, 2, **env)
-    second = probe.start("link", "hold", "mem", HOLD, 2, **env)
+    first = probe.start("link", "hold", "mem", HOLD, 60, **env)
+    second = probe.start("link", "hold", "mem", HOLD, 60, **env)
     try:
         assert wait_line(first, "held") == "held rc=0\n"
         assert wait_line(second, "held") == "held rc=0\n"
         third = probe.run("link", "alloc", "mem", HOLD, shared=True, **env)
         assert third.fields["rc"] == 2
     finally:
-        finish(first)
-        finish(second)
+        release(first)
+        release(second)
     # both exited: their memory can be taken again
     again = probe.run("link", "alloc", "mem", 2 * HOLD, shared=True, **env)
     assert again.fields["rc"] == 0
@@ -69,14 +62,14 @@ def test_memory_of_a_process_killed_while_allocating_comes_back(probe):
 
 
 def test_region_is_created_once_and_keeps_the_creators_limits(probe):
-    holder = probe.start("link", "hold", "mem", HOLD, 2, CUDA_DEVICE_MEMORY_LIMIT="1g")
+    holder = probe.start("link", "hold", "mem", HOLD, 60, CUDA_DEVICE_MEMORY_LIMIT="1g")
     try:
         assert wait_line(holder, "held") == "held rc=0\n"
         # a later process's env does not change the region's limit
         info = probe.run("link", "info", shared=True, CUDA_DEVICE_MEMORY_LIMIT="4g").fields
         assert info["total"] == 1024 * MIB
     finally:
-        finish(holder)
+        release(holder)
 
 
 def test_random_load_from_many_threads_and_processes_never_exceeds_the_limit(probe):

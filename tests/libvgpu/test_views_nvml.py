@@ -6,12 +6,8 @@ import textwrap
 from tests.conftest import SIM
 
 from .conftest import MIB
+from .conftest import release as finish
 from .test_shared_limit import wait_line
-
-
-def finish(proc):
-    proc.kill()
-    proc.wait(timeout=10)
 
 HOLD = 256 * MIB
 LIMIT = 1024 * MIB
@@ -35,7 +31,7 @@ def pynvml_view(probe, **env):
 
 def test_pynvml_sees_the_limit_and_the_containers_usage(probe):
     ctx = probe.context_bytes()
-    holder = probe.start("link", "hold", "mem", HOLD, 3, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
+    holder = probe.start("link", "hold", "mem", HOLD, 60, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
     try:
         assert wait_line(holder, "held") == "held rc=0\n"
         (total, used, free, total2, used2, free2), _ = pynvml_view(probe)
@@ -58,8 +54,8 @@ def test_running_processes_are_the_containers_own(probe):
 
     uuids = probe.run("link", "uuids", preload=False).stdout.split()
     region.create(probe.region, [region.DeviceLimit(u, LIMIT, 0) for u in uuids])
-    ours = probe.start("link", "hold", "mem", HOLD, 3)
-    theirs = probe.start("link", "hold", "mem", HOLD, 3, preload=False, shared=False)
+    ours = probe.start("link", "hold", "mem", HOLD, 60)
+    theirs = probe.start("link", "hold", "mem", HOLD, 60, preload=False, shared=False)
     try:
         assert wait_line(ours, "held") == "held rc=0\n"
         assert wait_line(theirs, "held") == "held rc=0\n"
@@ -71,7 +67,7 @@ def test_running_processes_are_the_containers_own(probe):
 
 
 def test_nvidia_smi_shows_the_limit(probe):
-    holder = probe.start("link", "hold", "mem", HOLD, 3, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
+    holder = probe.start("link", "hold", "mem", HOLD, 60, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
     try:
         assert wait_line(holder, "held") == "held rc=0\n"
         out = subprocess.run([str(SIM / "bin" / "nvidia-smi")], env=probe.env(shared=True),

@@ -13,8 +13,10 @@
  *   ctx                  prints the bytes a primary context takes (NVML free before/after)
  *   alloc KIND BYTES     one allocation; prints rc=N
  *   max KIND             largest allocation that succeeds (bisection); prints max=N
- *   hold KIND BYTES SEC  allocates, prints "held rc=N", sleeps, frees
- *   churn KIND BYTES SEC allocates and frees in a loop; prints "ready" after the first
+ *   hold KIND BYTES SEC  allocates, prints "held rc=N", waits SEC or for the end of
+ *                        stdin, frees
+ *   churn KIND BYTES SEC holds BYTES and allocates and frees 2 MiB blocks meanwhile;
+ *                        prints "ready" once it holds BYTES
  *   stress THREADS SEC MAXMIB [START]  threads allocate and free random sizes, from
  *                        the CLOCK_REALTIME second START on
  *   watch SEC            samples NVML device 0 used bytes (no context); prints maxused=N
@@ -30,6 +32,7 @@
  * Exit 77 when the driver lacks an entry point the command needs.
  */
 #include <dlfcn.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -514,17 +517,25 @@ int main(int argc, char **argv)
         CUresult rc = take(argv[3], bytes, &b);
         printf(!strcmp(cmd, "hold") ? "held rc=%d\n" : "ready rc=%d\n", (int)rc);
         if (!strcmp(cmd, "hold")) {
-            while (now_s() < until)
-                usleep(10000);
+            /* until SEC have passed or stdin reaches end of file (the test lets go) */
+            struct pollfd in = {.fd = 0, .events = POLLIN};
+            while (now_s() < until) {
+                char buf[64];
+                if (poll(&in, 1, 10) > 0 && read(0, buf, sizeof buf) <= 0)
+                    break;
+            }
             if (rc == CUDA_SUCCESS)
                 CHECK(give(argv[3], &b));
             return 0;
         }
+        /* keeps BYTES and allocates and frees 2 MiB blocks meanwhile */
         while (now_s() < until) {
-            if (rc == CUDA_SUCCESS)
-                CHECK(give(argv[3], &b));
-            rc = take(argv[3], bytes, &b);
+            struct block small;
+            if (take(argv[3], 2u << 20, &small) == CUDA_SUCCESS)
+                CHECK(give(argv[3], &small));
         }
+        if (rc == CUDA_SUCCESS)
+            CHECK(give(argv[3], &b));
         return 0;
     }
     if (!strcmp(cmd, "bypass") && argc > 5) {
