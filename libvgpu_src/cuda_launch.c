@@ -4,6 +4,23 @@
 #include "hooks.h"
 #include "sm_limiter.h"
 
+/* The launching device's region index, or -1 at once when no device of the region
+ * has an SM limit (read live: the runtime may change limits), sparing the driver
+ * query on every launch of an unlimited container. */
+static int launch_device_index(void)
+{
+    struct hami_region *r = hami_region_get();
+    if (!r)
+        return -1;
+    uint32_t count = r->device_count < HAMI_MAX_DEVICES ? r->device_count : HAMI_MAX_DEVICES;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t limit = __atomic_load_n(&r->devices[i].sm_limit, __ATOMIC_RELAXED);
+        if (limit > 0 && limit < 100)
+            return hami_current_device_index(NULL);
+    }
+    return -1;
+}
+
 #define LAUNCH(name, stream, ...)                                    \
     do {                                                             \
         __typeof__(&name) real_ = HAMI_REAL(name);                   \
@@ -11,7 +28,7 @@
             return CUDA_ERROR_NOT_FOUND;                       \
         if (hami_in_driver)                                          \
             return real_(__VA_ARGS__);                               \
-        int dev_ = hami_current_device_index(NULL);                  \
+        int dev_ = launch_device_index();                            \
         hami_sm_before_launch(dev_, (stream));                       \
         CUresult rc_ = HAMI_CALL(real_(__VA_ARGS__));                \
         hami_sm_after_launch(dev_, (stream), rc_);                   \
