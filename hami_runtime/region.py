@@ -4,6 +4,10 @@ The layout is read at import time from the one C header that libvgpu is built
 from (``libvgpu_src/region.h``), so there is no second copy of it here: only
 ``#define NAME <integer>`` lines of its preprocessor part are kept, the rest of
 the header is handed to ``ffi.cdef`` as it is (cffi ABI mode, no compiler).
+``make build`` writes the same cdef once as an out-of-line ABI module
+(``hami_runtime/_region_ffi.py``, see ``emit_module``) holding the header
+text it was made from; it is used only when that text is the header found
+now byte for byte, otherwise the header is parsed here as before (pycparser is slow to load).
 
 Header lookup order: ``$HAMI_REGION_HEADER``, the source tree's
 ``libvgpu_src/region.h`` beside this package, ``<sys.prefix>/share/hami/region.h``
@@ -21,8 +25,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
-
-import cffi
 
 REGION_FILE_NAME = "vgpu.region"
 
@@ -65,10 +67,50 @@ def cdef_source(header_text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _load_ffi() -> cffi.FFI:
-    ffi = cffi.FFI()
-    ffi.cdef(cdef_source(find_header().read_text()))
-    return ffi
+FFI_MODULE = "hami_runtime._region_ffi"
+
+
+def _prebuilt_ffi(header_text: bytes):
+    """The build's module, when it was made from exactly this header."""
+    try:
+        from . import _region_ffi
+    except ImportError:
+        return None
+    if getattr(_region_ffi, "HEADER_TEXT", None) != header_text:
+        return None
+    return _region_ffi.ffi
+
+
+def _parsed_ffi(header_text: bytes):
+    import cffi
+    parsed = cffi.FFI()
+    parsed.cdef(cdef_source(header_text.decode()))
+    return parsed
+
+
+def _load_ffi():
+    header_text = find_header().read_bytes()
+    prebuilt = _prebuilt_ffi(header_text)
+    return prebuilt if prebuilt is not None else _parsed_ffi(header_text)
+
+
+def emit_module(out_path, header_path=None) -> None:
+    """Write the out-of-line ABI module for the header (default: the one found
+    now) with the header's text; atomic, so a reader never sees half of it."""
+    header_text = Path(header_path).read_bytes() if header_path else find_header().read_bytes()
+    builder = _parsed_ffi(header_text)
+    builder.set_source(FFI_MODULE, None)
+    out_path = Path(out_path)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    try:
+        builder.emit_python_code(str(tmp))
+        with builtins.open(tmp, "a", encoding="ascii") as handle:
+            handle.write(f"\n# The header this was made from; any other header is parsed instead.\n"
+                         f"HEADER_TEXT = {header_text!r}\n")
+        os.replace(tmp, out_path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 ffi = _load_ffi()

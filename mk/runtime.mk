@@ -55,3 +55,11 @@ install-launcher: hami_runtime/launcher/hami-runtime.c
 	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE \
 		-DHAMI_PYTHON='"$(shell python3 -c 'import sys; print(sys.executable)')"' -o $(BUILD)/hami-runtime.install $<
 	install -D -m 0755 $(BUILD)/hami-runtime.install $(DESTDIR)$(PREFIX)/lib/hami/hami-runtime
+
+# region.py's cffi layout, made once from the same region.h as an out-of-line
+# ABI module (no compiler): importing it skips pycparser. region.py uses it only
+# while it holds the exact header text found at run time, else parses the header.
+build: hami_runtime/_region_ffi.py
+hami_runtime/_region_ffi.py: libvgpu_src/region.h hami_runtime/region.py | $(VENV)/.installed
+	env -u HAMI_REGION_HEADER $(PY) -I -c 'import sys; sys.path.insert(0, "."); \
+		from hami_runtime import region; region.emit_module(sys.argv[1], sys.argv[2])' $@ $< >/dev/null
