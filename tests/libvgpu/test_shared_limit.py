@@ -97,13 +97,47 @@ def test_random_load_from_many_threads_and_processes_never_exceeds_the_limit(pro
     assert 0 < max_used <= limit
 
 
-@pytest.mark.parametrize("content", [b"", b"x" * 100, b"\x01" * 8 + b"\0" * 600000])
-def test_unusable_region_file_means_one_error_and_no_limit(probe, content):
-    probe.region.write_bytes(content) if content else probe.region.write_bytes(b"garbage!")
+def region_bytes(magic, version, state):
+    import struct
+
+    from hami_runtime import region
+
+    size = region.ffi.sizeof("struct hami_region")
+    return struct.pack("<QII", magic, version, state) + b"\0" * (size - 16)
+
+
+REGION_MAGIC = 0x314E4752494D4148
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"garbage!", "bytes"),
+    (b"\x01" * 8 + b"\0" * 600000, "bytes"),
+    (region_bytes(0x1234, 1, 2), "magic"),
+    (region_bytes(REGION_MAGIC, 99, 2), "version"),
+], ids=["short", "long", "magic", "version"])
+def test_unusable_region_file_means_one_error_and_no_limit(probe, content, why):
+    probe.region.write_bytes(content)
     result = probe.run("link", "info", shared=True, CUDA_DEVICE_MEMORY_LIMIT="1g")
     errors = [l for l in result.stderr.splitlines() if l.startswith("[hami]")]
-    assert len(errors) == 1 and "region" in errors[0], result.stderr
+    assert len(errors) == 1 and "region" in errors[0] and why in errors[0], result.stderr
     assert result.fields["total"] == 16384 * MIB
+    assert probe.region.read_bytes() == content  # a foreign file is left as it was
+
+
+def test_region_made_by_a_bare_process_is_read_by_the_runtime(probe):
+    from hami_runtime import region
+
+    holder = probe.start("link", "hold", "mem", HOLD, 60, CUDA_DEVICE_MEMORY_LIMIT="1g")
+    try:
+        assert wait_line(holder, "held") == "held rc=0\n"
+        with region.open(probe.region) as r:
+            assert r.state == "ready"
+            assert r.devices[0].mem_limit_bytes == 1024 * MIB
+            mine = [p for p in r.processes() if p.pid == holder.pid]
+            assert len(mine) == 1 and mine[0].devices[0].mem_used >= HOLD
+            assert mine[0].devices[0].ctx_used > 0
+    finally:
+        release(holder)
 
 
 def test_region_from_the_runtime_maps_devices_by_uuid(probe):
