@@ -73,3 +73,9 @@ def test_untracked_free_goes_to_the_driver_unchanged(probe):
     plain = probe.run("link", "badfree", preload=False).fields["rc"]
     hooked = probe.run("link", "badfree", CUDA_DEVICE_MEMORY_LIMIT="1g").fields["rc"]
     assert hooked == plain != 0
+
+
+def test_null_outputs_get_the_drivers_answer(probe):
+    plain = probe.run("link", "nullsafe", preload=False).fields
+    hooked = probe.run("link", "nullsafe", CUDA_DEVICE_MEMORY_LIMIT="1g").fields
+    assert hooked == plain and all(rc != 0 for rc in hooked.values())

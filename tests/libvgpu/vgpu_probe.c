@@ -23,6 +23,7 @@
  *   launch N             N zero-length kernel launches; prints rc=N
  *   uuids                the devices' UUIDs, one a line
  *   badfree              frees a pointer never allocated; prints rc=N
+ *   nullsafe             cuMemGetInfo / cuDeviceTotalMem with NULL outputs; prints rcs
  *   bypass LIB B1 B2     allocates B1 through LIB loaded with RTLD_DEEPBIND (past the
  *                        hooks), then B2 through the hooks; prints hidden_rc, rc
  *   rtldnext             checks dlsym(RTLD_NEXT) through libvgpu's dlsym; prints same=1
@@ -487,6 +488,16 @@ int main(int argc, char **argv)
         return 0;
     }
     open_context();
+    if (!strcmp(cmd, "nullsafe")) {
+        /* NULL outputs: the driver's answer, and no crash */
+        size_t some;
+        NEED(cuMemGetInfo_v2);
+        NEED(cuDeviceTotalMem_v2);
+        printf("getinfo_free=%d getinfo_total=%d totalmem=%d\n",
+               (int)api.cuMemGetInfo_v2(NULL, &some), (int)api.cuMemGetInfo_v2(&some, NULL),
+               (int)api.cuDeviceTotalMem_v2(NULL, device));
+        return 0;
+    }
     if (!strcmp(cmd, "info")) {
         size_t total = 0, free = 0, memtotal = 0;
         NEED(cuDeviceTotalMem_v2);
