@@ -30,7 +30,7 @@ CUresult sim_ctx_current_checked(struct sim_ctx **out)
     return *out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
-static int valid_device(CUdevice dev) { return dev >= 0 && dev < sim_config()->devices; }
+static int valid_device(CUdevice dev) { return dev >= 0 && dev < sim_config()->visible; }
 
 /* Takes the context's device memory and starts its default stream. */
 static CUresult ctx_start(struct sim_ctx *c)

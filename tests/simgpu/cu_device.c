@@ -29,7 +29,8 @@ CUresult cuInit(unsigned int Flags)
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&init_lock);
     if (!sim_cuda_initialised) {
-        if (!sim_config())
+        /* a bad config, or a container given no GPU node: the real driver also fails here */
+        if (!sim_config() || sim_config()->visible == 0)
             rc = CUDA_ERROR_NO_DEVICE;
         else if (!sim_state())
             rc = CUDA_ERROR_OPERATING_SYSTEM;
@@ -79,7 +80,7 @@ CUresult cuGetErrorString(CUresult error, const char **pStr)
 static int valid_device(CUdevice dev)
 {
     const struct sim_config *cfg = sim_config();
-    return cfg && dev >= 0 && dev < cfg->devices;
+    return cfg && dev >= 0 && dev < cfg->visible;
 }
 
 #define REQUIRE_DEVICE(dev) do { SIM_REQUIRE_INIT(); if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE; } while (0)
@@ -89,7 +90,7 @@ CUresult cuDeviceGetCount(int *count)
     SIM_REQUIRE_INIT();
     if (!count)
         return CUDA_ERROR_INVALID_VALUE;
-    *count = sim_config()->devices;
+    *count = sim_config()->visible;
     return CUDA_SUCCESS;
 }
 

@@ -178,7 +178,7 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
     SIM_REQUIRE_INIT();
     if (!pool_out)
         return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= sim_config()->devices)
+    if (dev < 0 || dev >= sim_config()->visible)
         return CUDA_ERROR_INVALID_DEVICE;
     struct sim_pool *p = default_pool_of(dev);
     if (!p)
@@ -255,7 +255,7 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
     SIM_REQUIRE_INIT();
     if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
         poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE || poolProps->location.id < 0 ||
-        poolProps->location.id >= sim_config()->devices)
+        poolProps->location.id >= sim_config()->visible)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&pools_lock);
     struct sim_pool *p = pool_new(poolProps->location.id, 0, poolProps->maxSize);

@@ -22,7 +22,7 @@ static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 static int valid_prop(const CUmemAllocationProp *prop)
 {
     return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-           prop->location.id >= 0 && prop->location.id < sim_config()->devices;
+           prop->location.id >= 0 && prop->location.id < sim_config()->visible;
 }
 
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
@@ -210,7 +210,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
     int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
-            desc[i].location.id >= sim_config()->devices)
+            desc[i].location.id >= sim_config()->visible)
             return CUDA_ERROR_INVALID_VALUE;
         if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             prot = PROT_READ | PROT_WRITE;

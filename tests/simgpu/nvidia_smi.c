@@ -194,7 +194,10 @@ int main(int argc, char **argv)
     unsigned count = 0;
     p_nvmlDeviceGetCount_v2(&count);
     int status;
-    if (list) {
+    if (count == 0) {
+        printf("No devices were found\n");  /* as the real tool: a container given no GPU */
+        status = 6;
+    } else if (list) {
         status = 0;
         for (unsigned i = 0; i < count; i++) {
             struct gpu g;

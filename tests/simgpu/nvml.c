@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-struct nvml_device { int index; };
+struct nvml_device { int index; };        /* visible index (see sim.h) */
 
 static struct nvml_device devices[SIM_MAX_DEVICES];
 static int init_count;
@@ -67,7 +67,7 @@ static int initialised(void) { return __atomic_load_n(&init_count, __ATOMIC_ACQU
 static int device_of(nvmlDevice_t handle)
 {
     struct nvml_device *d = (struct nvml_device *)handle;
-    if (d < devices || d >= devices + sim_config()->devices)
+    if (d < devices || d >= devices + sim_config()->visible)
         return -1;
     return d->index;
 }
@@ -112,7 +112,7 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
     REQUIRE_INIT();
     if (!deviceCount)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *deviceCount = (unsigned)sim_config()->devices;
+    *deviceCount = (unsigned)sim_config()->visible;
     return NVML_SUCCESS;
 }
 
@@ -121,7 +121,7 @@ nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGe
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
     REQUIRE_INIT();
-    if (!device || index >= (unsigned)sim_config()->devices)
+    if (!device || index >= (unsigned)sim_config()->visible)
         return NVML_ERROR_INVALID_ARGUMENT;
     *device = (nvmlDevice_t)&devices[index];
     return NVML_SUCCESS;
@@ -137,7 +137,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
     REQUIRE_INIT();
     if (!uuid || !device)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; i < sim_config()->devices; i++) {
+    for (int i = 0; i < sim_config()->visible; i++) {
         char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
         sim_device_uuid_string(i, text, sizeof text);
         if (!strcmp(text, uuid)) {
@@ -177,7 +177,7 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNu
     REQUIRE_DEVICE(device, idx);
     if (!minorNumber)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *minorNumber = (unsigned)idx;
+    *minorNumber = (unsigned)sim_card(idx);  /* the card's node, not its visible index */
     return NVML_SUCCESS;
 }
 

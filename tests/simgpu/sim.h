@@ -29,9 +29,16 @@
 
 static inline uint64_t sim_round_up(uint64_t v, uint64_t unit) { return (v + unit - 1) / unit * unit; }
 
-/* ---- configuration (sim_config.c) ---- */
+/* ---- configuration (sim_config.c) ----
+ * Two numberings: a *card* is a simulated physical GPU (0 .. devices-1: its minor
+ * number, UUID, bus id and its place in the state file); a *device* is a visible
+ * ordinal (0 .. visible-1: the CUDA ordinal and NVML index). Which cards are visible
+ * follows the device nodes, as with the real driver (sim_config.c). Every `dev`
+ * argument below is a visible ordinal; the functions map it to its card. */
 struct sim_config {
-    int devices;
+    int devices;                         /* cards */
+    int visible;                         /* visible devices */
+    int card[SIM_MAX_DEVICES];           /* visible ordinal -> card */
     uint64_t memory_mib;
     int sms;
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
@@ -42,9 +49,11 @@ struct sim_config {
 };
 /* The configuration, read once; NULL (after one stderr line) when it is bad. */
 const struct sim_config *sim_config(void);
-void sim_device_uuid(int index, unsigned char out[16]);
-void sim_device_uuid_string(int index, char *out, size_t len);  /* "GPU-xxxxxxxx-..." */
-int sim_device_pci_bus(int index);
+/* The card behind visible ordinal dev (dev must be below visible). */
+int sim_card(int dev);
+void sim_device_uuid(int dev, unsigned char out[16]);
+void sim_device_uuid_string(int dev, char *out, size_t len);  /* "GPU-xxxxxxxx-..." */
+int sim_device_pci_bus(int dev);
 
 /* ---- cross-process state file (sim_state.c) ---- */
 struct sim_proc_slot {

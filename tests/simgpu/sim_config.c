@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 static struct sim_config config;
 static int config_ok;
@@ -115,6 +117,30 @@ static int load_file(const char *path, struct sim_config *c)
     return rc;
 }
 
+#define SIM_NVIDIA_MAJOR 195
+
+/* Which cards this process may use, decided as the real driver does: where the
+ * control node exists (a container given its GPUs' nodes), a card is visible only
+ * through its own /dev/nvidia<minor> character node of the NVIDIA major; a machine
+ * without the control node (a host running the simulator, no real driver) sees
+ * every card. HAMI_SIM_DEV_ROOT names another directory to look in (tests). */
+static void find_visible(struct sim_config *c)
+{
+    const char *root = getenv("HAMI_SIM_DEV_ROOT");
+    if (!root || !*root)
+        root = "/dev";
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/nvidiactl", root);
+    int restricted = stat(path, &st) == 0;
+    c->visible = 0;
+    for (int card = 0; card < c->devices; card++) {
+        snprintf(path, sizeof path, "%s/nvidia%d", root, card);
+        if (!restricted || (stat(path, &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == SIM_NVIDIA_MAJOR))
+            c->card[c->visible++] = card;
+    }
+}
+
 static void load(void)
 {
     struct sim_config c = {
@@ -125,6 +151,7 @@ static void load(void)
     const char *path = getenv("HAMI_SIM_CONFIG");
     if (path && *path && load_file(path, &c))
         return;
+    find_visible(&c);
     config = c;
     config_ok = 1;
 }
@@ -135,10 +162,12 @@ const struct sim_config *sim_config(void)
     return config_ok ? &config : NULL;
 }
 
-/* Stable per index: the same card has the same UUID in every process and run. */
-void sim_device_uuid(int index, unsigned char out[16])
+int sim_card(int dev) { return config.card[dev]; }
+
+/* Stable per card: the same card has the same UUID in every process and run. */
+void sim_device_uuid(int dev, unsigned char out[16])
 {
-    uint64_t x = 0x48414d6953494d00ULL + (uint64_t)index;
+    uint64_t x = 0x48414d6953494d00ULL + (uint64_t)sim_card(dev);
     for (int half = 0; half < 2; half++) {
         /* splitmix64 */
         x += 0x9e3779b97f4a7c15ULL;
@@ -153,13 +182,13 @@ void sim_device_uuid(int index, unsigned char out[16])
     out[8] = (unsigned char)((out[8] & 0x3f) | 0x80);
 }
 
-void sim_device_uuid_string(int index, char *out, size_t len)
+void sim_device_uuid_string(int dev, char *out, size_t len)
 {
     unsigned char u[16];
-    sim_device_uuid(index, u);
+    sim_device_uuid(dev, u);
     snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
              u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
              u[14], u[15]);
 }
 
-int sim_device_pci_bus(int index) { return 0x18 + index * 8; }
+int sim_device_pci_bus(int dev) { return 0x18 + sim_card(dev) * 8; }

@@ -354,12 +354,12 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
     return NULL;
 }
 
-static uint64_t sum_used_locked(struct sim_state *s, int dev)
+static uint64_t sum_used_locked(struct sim_state *s, int card)
 {
     uint64_t total = 0;
     for (int i = 0; i < (int)s->slot_hwm; i++)
         if (s->procs[i].live)
-            total += atomic_load(&s->procs[i].used[dev]);
+            total += atomic_load(&s->procs[i].used[card]);
     return total;
 }
 
@@ -368,19 +368,20 @@ int sim_charge(int dev, uint64_t bytes)
     struct sim_state *s = sim_state();
     if (!s || bytes > s->memory_bytes)
         return -1;
+    int card = sim_card(dev);
     state_lock(s);
     struct sim_proc_slot *me = self_locked(s);
     int rc = -1;
     if (me) {
-        uint64_t used = sum_used_locked(s, dev);
+        uint64_t used = sum_used_locked(s, card);
         if (used + bytes > s->memory_bytes) {
             state_unlock(s);
             sweep(s, 0);
             state_lock(s);
-            used = sum_used_locked(s, dev);
+            used = sum_used_locked(s, card);
         }
         if (used + bytes <= s->memory_bytes) {
-            atomic_fetch_add(&me->used[dev], bytes);
+            atomic_fetch_add(&me->used[card], bytes);
             rc = 0;
         }
     }
@@ -393,7 +394,7 @@ void sim_uncharge(int dev, uint64_t bytes)
     struct sim_state *s = sim_state();
     if (!s || self_slot < 0)
         return;
-    _Atomic uint64_t *used = &s->procs[self_slot].used[dev];
+    _Atomic uint64_t *used = &s->procs[self_slot].used[sim_card(dev)];
     uint64_t cur = atomic_load(used);
     while (!atomic_compare_exchange_weak(used, &cur, cur > bytes ? cur - bytes : 0))
         ;
@@ -407,8 +408,9 @@ void sim_context_count(int dev, int delta)
     state_lock(s);
     struct sim_proc_slot *me = self_locked(s);
     if (me) {
-        uint32_t cur = atomic_load(&me->contexts[dev]);
-        atomic_store(&me->contexts[dev], delta < 0 && cur == 0 ? 0 : cur + (uint32_t)delta);
+        int card = sim_card(dev);
+        uint32_t cur = atomic_load(&me->contexts[card]);
+        atomic_store(&me->contexts[card], delta < 0 && cur == 0 ? 0 : cur + (uint32_t)delta);
     }
     state_unlock(s);
 }
@@ -420,7 +422,7 @@ uint64_t sim_device_used(int dev)
         return 0;
     sweep(s, 0);
     state_lock(s);
-    uint64_t used = sum_used_locked(s, dev);
+    uint64_t used = sum_used_locked(s, sim_card(dev));
     state_unlock(s);
     return used;
 }
@@ -431,12 +433,13 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
     if (!s)
         return 0;
     unsigned n = 0;
+    int card = sim_card(dev);
     sweep(s, 0);
     state_lock(s);
     for (int i = 0; i < (int)s->slot_hwm; i++) {
         struct sim_proc_slot *p = &s->procs[i];
-        uint64_t used = atomic_load(&p->used[dev]);
-        if (!p->live || (used == 0 && atomic_load(&p->contexts[dev]) == 0))
+        uint64_t used = atomic_load(&p->used[card]);
+        if (!p->live || (used == 0 && atomic_load(&p->contexts[card]) == 0))
             continue;
         if (n < max)
             out[n] = (struct sim_proc_usage){p->pid, used};
@@ -451,7 +454,7 @@ uint64_t sim_book_kernel(int dev, uint64_t dur_ns)
     struct sim_state *s = sim_state();
     if (!s)
         return sim_now_ns();
-    struct sim_device_state *d = &s->dev[dev];
+    struct sim_device_state *d = &s->dev[sim_card(dev)];
     uint64_t now = sim_now_ns(), cur = atomic_load(&d->busy_until_ns), start;
     do {
         start = cur > now ? cur : now;
@@ -474,7 +477,7 @@ static void each_interval(int dev, uint64_t from, uint64_t to,
     struct sim_state *s = sim_state();
     if (!s)
         return;
-    struct sim_device_state *d = &s->dev[dev];
+    struct sim_device_state *d = &s->dev[sim_card(dev)];
     uint64_t head = atomic_load(&d->ring_head);
     uint64_t n = head < SIM_RING ? head : SIM_RING;
     unsigned older = 0;
