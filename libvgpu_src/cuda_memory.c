@@ -265,12 +265,16 @@ static CUresult pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t byte
     if (pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) < 0)
         reserved = rec->charged;
     if (reserved > rec->charged) {
-        if (hami_mem_charge(rec->index, reserved - rec->charged) < 0 && rc == CUDA_SUCCESS) {
-            free_async_now(*dptr, stream, rec);
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-            pool_settle(rec);
-            pthread_mutex_unlock(&rec->lock);
-            return rc;
+        uint64_t grown = reserved - rec->charged;
+        if (hami_mem_charge(rec->index, grown) < 0) {
+            if (rc == CUDA_SUCCESS) {
+                /* the pool grew past the limit: undo, give the growth back, refuse */
+                free_async_now(*dptr, stream, rec);
+                pool_settle(rec);
+                pthread_mutex_unlock(&rec->lock);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            hami_mem_charge_force(rec->index, grown);   /* failed, yet reserved: counted */
         }
         rec->charged = reserved;
     } else {
