@@ -15,7 +15,7 @@
  *   launches, never blocking) the difference measured - estimate is charged,
  *   so the bucket holds exactly what was used and the long-run average
  *   converges to the share however wrong the estimate was.
- * - Launches measured but not yet harvested are bounded (SM_PROBES, and
+ * - Launches measured but not yet harvested are bounded (SM_PROBES, and two or
  *   SM_INFLIGHT_NS of estimated work; one until a first measurement exists):
  *   a process cannot run further ahead of its measurements than that.
  * - Events measure latency, not occupancy: a launch that waited behind another
@@ -23,9 +23,9 @@
  *   container would pay for the other's work. Every SM_TICK_NS the process
  *   compares what NVML says it used over the last second with what it
  *   measured. Alone on the device, that ratio is a baseline (launch gaps that
- *   an unlimited process has too, NVML's rounding); with other processes on
- *   it, measurements are charged scaled by ratio / baseline (smoothed, in
- *   [SM_FACTOR_MIN, 1]). The factor never exceeds 1, so the correction can
+ *   an unlimited process has too, NVML's rounding); with processes of other
+ *   containers on it, measurements are charged scaled by ratio / baseline
+ *   (smoothed, in [SM_FACTOR_MIN, 1]). The factor never exceeds 1, so the correction can
  *   only give back time that was not used; without NVML, or without knowing
  *   the pid NVML knows us by, it stays 1.
  * - Everything shared is updated with atomics; no lock spans processes, so a
@@ -50,9 +50,9 @@
 #include "sm_limiter.h"
 
 #define SM_PROBES 64                             /* measured launches in flight, per process and device */
-#define SM_INFLIGHT_NS 10000000LL                /* ... and at most this much estimated work */
+#define SM_INFLIGHT_NS 20000000LL                /* ... beyond two, at most this much estimated work */
 #define SM_HARVEST_PENDING 2                     /* a harvest stops at this many unfinished probes */
-#define SM_BURST_WINDOW_NS 50000000LL            /* tokens kept at most: share x 50 ms */
+#define SM_BURST_WINDOW_NS 100000000LL           /* tokens kept at most: share x 100 ms */
 #define SM_SLEEP_MIN_NS 20000LL
 #define SM_SLEEP_MAX_NS 10000000LL
 #define SM_POLL_NS 200000LL                      /* waiting for a measurement: look every 0.2 ms */
@@ -299,7 +299,7 @@ static int sm_window_open(const struct sm_local *loc)
         return 0;
     if (!loc->measured_once)
         return loc->in_use == 0;
-    return loc->in_use == 0 || loc->in_use * loc->estimate_ns < SM_INFLIGHT_NS;
+    return loc->in_use < 2 || loc->in_use * loc->estimate_ns < SM_INFLIGHT_NS;
 }
 
 /* ---- occupancy correction through NVML ---- */
@@ -362,23 +362,29 @@ static int sm_nvml_open(struct sm_local *loc, int64_t now)
     return 1;
 }
 
+enum { SM_ALONE = 0, SM_WITH_OWN = 1, SM_WITH_FOREIGN = 2 };
+
 /* This process's SM use over the last second as NVML reports it, in percent
- * (-1 if none), and whether any other process used the device meanwhile. */
-static int sm_nvml_util(struct sm_local *loc, int *others)
+ * (-1 if none); *company says who else used the device meanwhile: nobody,
+ * only processes of this container, or processes of others. */
+static int sm_nvml_util(struct sm_local *loc, int *company)
 {
     nvmlProcessUtilizationSample_t samples[SM_NVML_MAX_PROCS];
     unsigned int count = SM_NVML_MAX_PROCS;
-    *others = 0;
+    *company = SM_ALONE;
     if (sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, 0) != NVML_SUCCESS)
         return -1;
     int util = -1;
     unsigned long long newest = 0;
     for (unsigned int i = 0; i < count; i++) {
-        if (samples[i].pid != loc->nvml_pid) {
-            *others |= samples[i].smUtil > 0;
-        } else if (samples[i].timeStamp >= newest) {
-            newest = samples[i].timeStamp;
-            util = (int)samples[i].smUtil;
+        if (samples[i].pid == loc->nvml_pid) {
+            if (samples[i].timeStamp >= newest) {
+                newest = samples[i].timeStamp;
+                util = (int)samples[i].smUtil;
+            }
+        } else if (samples[i].smUtil > 0) {
+            int who = hami_region_has_pid(samples[i].pid) ? SM_WITH_OWN : SM_WITH_FOREIGN;
+            *company = who > *company ? who : *company;
         }
     }
     return util;
@@ -414,24 +420,24 @@ static void sm_correct(struct sm_local *loc, int64_t now)
     if (span < SM_NVML_WINDOW_NS * 3 / 4 || span > SM_NVML_WINDOW_NS * 3 / 2 ||
         measured * 50 < span)                   /* under 2 %: too little to judge */
         return;
-    int others;
-    int util = sm_nvml_util(loc, &others);
+    int company;
+    int util = sm_nvml_util(loc, &company);
     if (util < 0)
         return;
     double ratio = (double)util / 100.0 * (double)span / (double)measured;
-    if (!others) {
-        if (ratio > 1.0)
-            ratio = 1.0;
-        if (ratio >= SM_FACTOR_MIN)
-            loc->baseline += (ratio - loc->baseline) / SM_SMOOTHING;
-        loc->factor += (1.0 - loc->factor) / SM_SMOOTHING;
-    } else {
+    if (company == SM_WITH_FOREIGN) {
         double target = ratio / loc->baseline;
         target = target > 1.0 ? 1.0 : target < SM_FACTOR_MIN ? SM_FACTOR_MIN : target;
         loc->factor += (target - loc->factor) / SM_SMOOTHING;
+    } else {
+        /* waits behind our own container's kernels are rare (the shared bucket
+         * spaces them) and are ours to pay: no correction */
+        if (company == SM_ALONE && ratio >= SM_FACTOR_MIN)
+            loc->baseline += ((ratio > 1.0 ? 1.0 : ratio) - loc->baseline) / SM_SMOOTHING;
+        loc->factor += (1.0 - loc->factor) / SM_SMOOTHING;
     }
-    hami_debug("SM limit: NVML %d%%, measured %.1f%%, others %d, baseline %.3f, charge factor %.3f", util,
-               100.0 * (double)measured / (double)span, others, loc->baseline, loc->factor);
+    hami_debug("SM limit: NVML %d%%, measured %.1f%%, company %d, baseline %.3f, charge factor %.3f", util,
+               100.0 * (double)measured / (double)span, company, loc->baseline, loc->factor);
 }
 
 /* ---- launch path ---- */

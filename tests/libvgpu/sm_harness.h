@@ -73,14 +73,24 @@ struct hami_region *hami_region_get(void)
     for (int i = 0; i < HAMI_MAX_PROCS && !harness_slot; i++) {
         uint64_t expect = 0;
         if (__atomic_compare_exchange_n(&r->procs[i].owner, &expect, (uint64_t)getpid(), 0,
-                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
             harness_slot = &r->procs[i];
+            harness_slot->pid = getpid();
+        }
     }
     harness_region = r;
     return r;
 }
 
 struct hami_proc_slot *hami_region_self(void) { return harness_slot; }
+
+int hami_region_has_pid(unsigned int pid)
+{
+    for (int i = 0; harness_region && i < HAMI_MAX_PROCS; i++)
+        if ((unsigned int)harness_region->procs[i].pid == pid && pid)
+            return 1;
+    return 0;
+}
 
 #define HARNESS_BEFORE(stream) hami_sm_before_launch(dev_index, (stream))
 #define HARNESS_AFTER(stream, r) hami_sm_after_launch(dev_index, (stream), (r))

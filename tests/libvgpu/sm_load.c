@@ -11,7 +11,8 @@
  * converted to CLOCK_MONOTONIC through a reference event recorded on an idle
  * stream). The window starts at -s (an absolute CLOCK_MONOTONIC time, so that
  * processes started together measure the same seconds) or after -w seconds.
- * Output, one JSON line: {"completed": N, "seconds": T, "per_second": [...]}.
+ * Output, one JSON line: {"completed": N, "seconds": T, "kernel_us": U,
+ * "ready_s": when launching began relative to the window, "per_second": [...]}.
  *
  * Built twice: linked to libcuda (libvgpu preloaded in front of it), and with
  * -DSM_HARNESS, where it calls the SM limiter directly (sm_harness.h) so the
@@ -207,6 +208,8 @@ int main(int argc, char **argv)
     cfg.window_start = start_at ? start_at : cfg.ref_host + (int64_t)(warmup * 1e9);
     cfg.window_end = cfg.window_start + (int64_t)(seconds * 1e9);
 
+    /* when launching began, against the window: shows a start delayed by a loaded machine */
+    double ready_s = (double)(now_ns() - cfg.window_start) / 1e9;
     static struct launcher launchers[MAX_THREADS];
     for (int i = 0; i < nthreads; i++)
         if (pthread_create(&launchers[i].thread, NULL, launcher_run, &launchers[i]))
@@ -220,8 +223,8 @@ int main(int argc, char **argv)
             per_second[s] += launchers[i].per_second[s];
     }
 
-    printf("{\"completed\": %ld, \"seconds\": %g, \"kernel_us\": %llu, \"per_second\": [",
-           completed, seconds, cfg.kernel_us);
+    printf("{\"completed\": %ld, \"seconds\": %g, \"kernel_us\": %llu, \"ready_s\": %.3f, "
+           "\"per_second\": [", completed, seconds, cfg.kernel_us, ready_s);
     for (int i = 0; i < nsec; i++)
         printf("%s%ld", i ? ", " : "", per_second[i]);
     printf("]}\n");

@@ -72,7 +72,7 @@ def start(load: Load, sim_state: Path, seconds: float, start_at: int,
 
 
 def finish(proc: subprocess.Popen, seconds: float) -> dict:
-    out, err = proc.communicate(timeout=seconds + WARMUP_S + 60)
+    out, err = proc.communicate(timeout=seconds + 90)
     if proc.returncode != 0:
         raise RuntimeError(f"sm_load exited {proc.returncode}: {err.strip()}")
     return json.loads(out)
@@ -95,16 +95,23 @@ class Measurement:
         """Largest distance of one second's share from the target."""
         return max(abs(p - target) for p in self.per_second(i))
 
+    def describe(self, i: int = 0) -> str:
+        """For failure messages: the series and when each process got going."""
+        series = " ".join(f"{p:.1f}" for p in self.per_second(i))
+        return (f"per second [{series}], started {self.results[i]['ready_s']:+.2f} s "
+                f"(reference {self.reference['ready_s']:+.2f} s) from the window")
+
     def split(self, i: int = 0) -> float:
         """Load i's part of everything the loads completed, percent."""
         return 100.0 * self.results[i]["completed"] / sum(r["completed"] for r in self.results)
 
 
-def measure(loads: list[Load], workdir: Path, seconds: float, kernel_us: int = KERNEL_US) -> Measurement:
+def measure(loads: list[Load], workdir: Path, seconds: float, kernel_us: int = KERNEL_US,
+            warmup_s: float = WARMUP_S) -> Measurement:
     """Runs the loads on one simulated device and an unlimited reference on another,
-    all in the same window."""
+    all in the same window (opening `warmup_s` after they start)."""
     reference = Load(region=workdir / f"reference-{uuid.uuid4().hex}.region")
-    start_at = time.monotonic_ns() + int(WARMUP_S * 1e9)
+    start_at = time.monotonic_ns() + int(warmup_s * 1e9)
     ref_proc = start(reference, workdir / "reference.state", seconds, start_at, kernel_us)
     procs = [start(load, workdir / "device.state", seconds, start_at, kernel_us) for load in loads]
     results = [finish(proc, seconds) for proc in procs]
