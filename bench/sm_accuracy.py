@@ -5,7 +5,8 @@ fixed kernels for 10 s while an unlimited process does the same on a second
 simulated device (so both see the same CPU load); the ratio of their
 throughputs is the achieved share, and jitter is the largest distance of one
 second's share from the limit. Then two containers (separate regions) at 30
-and 70 % run on one device at once and their split is reported.
+and 70 % run on one device at once (window opening after 2 s) and their split
+is reported.
 
     .venv/bin/python bench/sm_accuracy.py [--seconds 10] [--kernel-us 10000]
 """
@@ -30,8 +31,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hami-sm-bench-") as tmp:
         work = Path(tmp)
 
-        def measure(loads):
-            return sm_load.measure(loads, work, args.seconds, args.kernel_us)
+        def measure(loads, warmup_s=sm_load.WARMUP_S):
+            return sm_load.measure(loads, work, args.seconds, args.kernel_us, warmup_s)
 
         print(f"kernel {args.kernel_us} us, window {args.seconds} s\n")
         print("| limit % | achieved % | error (points) | jitter (points) | per-second % |")
@@ -42,8 +43,9 @@ def main() -> int:
             print(f"| {level} | {m.share():.1f} | {m.share() - level:+.1f} | {m.jitter(level):.1f} | "
                   f"{series} |")
 
+        # the window opens after 2 s: the occupancy correction starts after one
         m = measure([Load(region=work / "c30.region", sm_limit=30),
-                     Load(region=work / "c70.region", sm_limit=70)])
+                     Load(region=work / "c70.region", sm_limit=70)], warmup_s=2.0)
         print("\n| two containers | share of unlimited % | share of the pair % |")
         print("| --- | --- | --- |")
         print(f"| limit 30 | {m.share(0):.1f} | {m.split(0):.1f} |")
