@@ -39,11 +39,16 @@ $(BUILD)/runtime-tests/cuda_alloc: tests/runtime/cuda_alloc.c libvgpu_src/cuda_a
 
 # The launcher: passthrough subcommands exec runc with no interpreter start;
 # create/run/delete run the Python runtime of this tree's virtual environment.
+# Python starts without site processing, this tree and the venv's
+# site-packages put on its path (HAMI_PYTHONPATH, ':'-separated).
 build: $(BUILD)/hami-runtime
-$(BUILD)/hami-runtime: hami_runtime/launcher/hami-runtime.c
+$(BUILD)/hami-runtime: hami_runtime/launcher/hami-runtime.c | $(VENV)/.installed
 	@mkdir -p $(dir $@)
+	@pypath="$(abspath .):$$($(PY) -I -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	case "$$pypath" in *"'"*|*'"'*|*'\'*) echo "hami-runtime: unusable path for the launcher: $$pypath" >&2; exit 1;; esac; \
+	echo "$(CC) ... -DHAMI_PYTHONPATH='\"$$pypath\"' -o $@ $<"; \
 	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE \
-		-DHAMI_PYTHON='"$(abspath $(PY))"' -o $@ $<
+		-DHAMI_PYTHON='"$(abspath $(PY))"' -DHAMI_PYTHONPATH="\"$$pypath\"" -o $@ $<
 
 # make install: the launcher built for the system python3 that pip installs
 # the package for, as $(PREFIX)/lib/hami/hami-runtime (the console script

@@ -7,6 +7,11 @@
  * create/run/delete, and anything this launcher does not fully understand
  * (an unusual config, a runtime that is this program), go to the Python
  * runtime, which decides and reports errors as usual.
+ *
+ * Built with HAMI_PYTHONPATH (make build: this tree and its virtual
+ * environment's site-packages), Python starts with -S and these paths put in
+ * front: no site processing (.pth files, the editable-install finder), which
+ * is a third of an interpreter start. Without it, `python -I -m hami_runtime`.
  */
 #include <errno.h>
 #include <limits.h>
@@ -67,20 +72,29 @@ static const char *subcommand(int argc, char **argv, int *unknown_flag)
     return NULL;
 }
 
+#ifdef HAMI_PYTHONPATH
+#define PYTHON_FLAGS "-I", "-S", "-c",                                       \
+    "import sys; sys.path[:0] = '" HAMI_PYTHONPATH "'.split(':'); "          \
+    "from hami_runtime.cli import main; sys.exit(main())"
+#else
+#define PYTHON_FLAGS "-I", "-m", "hami_runtime"
+#endif
+
 static void run_python(char **argv)
 {
+    static const char *const flags[] = {PYTHON_FLAGS};
+    const int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
     int argc = 0;
     while (argv[argc])
         argc++;
-    char **args = calloc((size_t)argc + 5, sizeof(char *));
+    char **args = calloc((size_t)argc + (size_t)nflags + 1, sizeof(char *));
     if (!args)
         _exit(1);
     args[0] = (char *)HAMI_PYTHON;
-    args[1] = (char *)"-I";
-    args[2] = (char *)"-m";
-    args[3] = (char *)"hami_runtime";
+    for (int i = 0; i < nflags; i++)
+        args[1 + i] = (char *)flags[i];
     for (int i = 1; i < argc; i++)
-        args[3 + i] = argv[i];
+        args[nflags + i] = argv[i];
     execv(HAMI_PYTHON, args);
     fprintf(stderr, "hami-runtime: launcher python=%s: %s\n", HAMI_PYTHON, strerror(errno));
     _exit(1);
