@@ -121,7 +121,7 @@ def prepare(cfg: Config, inv) -> bool:
     env = (spec.get("process") or {}).get("env") or []
     if mentions_request(annotations, env, cfg.env_requests):
         # Only now the request model, NVML and the allocator are loaded.
-        from . import allocator, discovery, requests
+        from . import allocator, discovery_cache, requests
         request = requests.parse(annotations, env, cfg.env_requests)
     else:
         request = None
@@ -130,9 +130,9 @@ def prepare(cfg: Config, inv) -> bool:
         return False
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
-    gpus = discovery.load_gpus(cfg.nvml_library)
+    gpus = discovery_cache.gpus(cfg)
     majors = device_majors(cfg)
-    driver_files = discovery.driver_files(cfg.driver_root)
+    driver_files = discovery_cache.driver_files(cfg)
     with store.transaction(cfg.state_dir, [inv.root]) as state:
         if cid in state.allocations:
             raise HamiError("container id", cid, "already has a GPU allocation")

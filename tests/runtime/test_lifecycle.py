@@ -99,7 +99,7 @@ def test_sigkill_during_create_leaks_nothing(node, tmp_path):
             proc.wait(TIMEOUT)
     assert node.ps() == []
     assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
-    assert sorted(os.listdir(node.state_dir)) == ["allocations.json", "allocations.lock",
+    assert sorted(os.listdir(node.state_dir)) == ["allocations.json", "allocations.lock", "cache",
                                                   "containers", "private"]
     proc = node.create("after", node.bundle("after", {"hami.io/gpumem": "16384"}))
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,185 @@
+"""What discovery found, kept in the state dir so that a create need not start
+NVML (hundreds of ms on a real driver) or run ldconfig every time.
+
+An entry is used only while its key is what the node shows now, so it cannot
+be stale: the boot, the NVML library file (path, inode, size, times), both ld
+caches, the GPUs the kernel driver lists, the config values discovery reads
+and the whole environment (LD_LIBRARY_PATH and the like; kept as a hash).
+Anything unreadable, unexpected or different is a miss: discover again and
+replace the entry atomically. A cache that cannot be written is not an error.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from typing import List, Optional
+
+from . import discovery
+from .allocator import GpuInfo
+from .files import atomic_write
+
+CACHE_DIR = "cache"
+GPUS_FILE = "gpus.json"
+DRIVER_FILES_FILE = "driver-files.json"
+VERSION = 1
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+HOST_LD_CACHE = "/etc/ld.so.cache"
+KERNEL_GPUS = "/proc/driver/nvidia/gpus"
+GPU_FIELDS = ("index", "uuid", "model", "memory_mib", "minor")
+STALE_TEMP_S = 60
+
+
+def _file_id(path: str):
+    """What changes when the file is replaced or rewritten; None when absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _boot_id() -> Optional[str]:
+    try:
+        with open(BOOT_ID, encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def _kernel_gpus():
+    try:
+        return sorted(os.listdir(KERNEL_GPUS))
+    except OSError:
+        return None
+
+
+def _environment_hash() -> str:
+    text = json.dumps(sorted(os.environ.items()))
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _base_key(cfg) -> dict:
+    return {
+        "version": VERSION,
+        "boot_id": _boot_id(),
+        "environment": _environment_hash(),
+        "host_ld_cache": _file_id(HOST_LD_CACHE),
+        "driver_ld_cache": _file_id(os.path.join(cfg.driver_root, "etc", "ld.so.cache")),
+        "driver_root": os.path.realpath(cfg.driver_root),
+    }
+
+
+def gpus_key(cfg, nvml_path: str) -> dict:
+    return dict(_base_key(cfg), nvml_library=cfg.nvml_library,
+                nvml_file=_file_id(nvml_path) if nvml_path else None,
+                kernel_gpus=_kernel_gpus())
+
+
+def driver_files_key(cfg) -> dict:
+    smi = {place: _file_id(os.path.join(cfg.driver_root, place)) for place in discovery.SMI_PLACES}
+    return dict(_base_key(cfg), nvidia_smi=smi)
+
+
+def _path(cfg, name: str) -> str:
+    return os.path.join(cfg.state_dir, CACHE_DIR, name)
+
+
+def _read(path: str) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("key"), dict) else None
+
+
+def _remove_stale_temps(directory: str) -> None:
+    """Temp files of writers killed before their rename (atomic_write's prefix)."""
+    now = time.time()
+    for name in os.listdir(directory):
+        if name.startswith(".hami-"):
+            path = os.path.join(directory, name)
+            with contextlib.suppress(OSError):
+                if now - os.lstat(path).st_mtime > STALE_TEMP_S:
+                    os.unlink(path)
+
+
+def _write(cfg, name: str, key: dict, value) -> None:
+    if key.get("boot_id") is None:
+        return  # no boot id: a reboot could not be told apart
+    directory = os.path.join(cfg.state_dir, CACHE_DIR)
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        _remove_stale_temps(directory)
+        atomic_write(os.path.join(directory, name),
+                     json.dumps({"key": key, "value": value}).encode(), 0o644)
+    except OSError:
+        pass
+
+
+def _loaded_nvml() -> Optional[str]:
+    """The NVML library this process mapped (the loader's choice for the soname)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if os.path.basename(path).startswith("libnvidia-ml.so") and os.path.isabs(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _gpus_from(value) -> Optional[List[GpuInfo]]:
+    if not isinstance(value, list):
+        return None
+    gpus = []
+    for item in value:
+        if not isinstance(item, dict) or set(item) != set(GPU_FIELDS):
+            return None
+        if not (isinstance(item["uuid"], str) and isinstance(item["model"], str)
+                and all(type(item[k]) is int for k in ("index", "memory_mib", "minor"))):
+            return None
+        gpus.append(GpuInfo(**item))
+    return gpus
+
+
+def gpus(cfg) -> List[GpuInfo]:
+    """discovery.load_gpus, from the cache while its key holds."""
+    cached = _read(_path(cfg, GPUS_FILE))
+    if cached is not None:
+        nvml_file = cached["key"].get("nvml_file")
+        if isinstance(nvml_file, list) and nvml_file and isinstance(nvml_file[0], str):
+            if cached["key"] == gpus_key(cfg, cfg.nvml_library or nvml_file[0]):
+                found = _gpus_from(cached.get("value"))
+                if found is not None:
+                    return found
+    # The key is taken before discovery: a change while it runs is a later miss.
+    key = gpus_key(cfg, cfg.nvml_library)
+    found = discovery.load_gpus(cfg.nvml_library)
+    if not cfg.nvml_library:
+        loaded = _loaded_nvml()  # known only now; the ld caches above pin the choice
+        key["nvml_file"] = _file_id(loaded) if loaded else None
+    if key["nvml_file"] is not None:
+        _write(cfg, GPUS_FILE, key, [{k: getattr(g, k) for k in GPU_FIELDS} for g in found])
+    return found
+
+
+def driver_files(cfg) -> List[discovery.DriverFile]:
+    """discovery.driver_files, from the cache while its key holds and every
+    listed file is still there."""
+    cached = _read(_path(cfg, DRIVER_FILES_FILE))
+    if cached is not None and cached["key"] == driver_files_key(cfg):
+        value = cached.get("value")
+        if (isinstance(value, list) and value
+                and all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p)
+                        for p in value)
+                and all(os.path.isfile(host) for host, _ in value)):
+            return [discovery.DriverFile(host, container) for host, container in value]
+    key = driver_files_key(cfg)
+    found = discovery.driver_files(cfg.driver_root)
+    _write(cfg, DRIVER_FILES_FILE, key, [[f.host_path, f.container_path] for f in found])
+    return found
