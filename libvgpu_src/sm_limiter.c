@@ -171,7 +171,7 @@ static void sm_init_once(void)
     sm_events_ok = sm_drv.ctx_get_current && sm_drv.event_create && sm_drv.event_destroy &&
                    sm_drv.event_record && sm_drv.event_query && sm_drv.event_elapsed;
     if (!sm_events_ok)
-        hami_error("SM limit: driver event functions missing; launches are charged by estimate only");
+        hami_error("SM limit: the driver lacks event functions; launches cannot be measured or limited");
     pthread_atfork(NULL, NULL, sm_after_fork_child);
 }
 
@@ -258,7 +258,12 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
             loc->estimate_ns = loc->measured_once ? loc->estimate_ns + (used - loc->estimate_ns) / 4 : used;
             loc->measured_once = 1;
         }
-        /* a failed query (context gone) leaves the estimate as the charge */
+        if (r != CUDA_SUCCESS) {
+            /* the context is gone: the estimate stays the charge, the events are dropped */
+            sm_drv.event_destroy(p->start);
+            sm_drv.event_destroy(p->end);
+            p->ctx = NULL;
+        }
         sm_probe_release(loc, p);
     }
 }
@@ -498,6 +503,10 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             loc->in_use++;
             loc->tail++;
         } else {
+            /* stale events (their context is gone): make new ones next time */
+            sm_drv.event_destroy(p->start);
+            sm_drv.event_destroy(p->end);
+            p->ctx = NULL;
             idx = -1;
         }
     }
