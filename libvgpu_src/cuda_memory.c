@@ -131,23 +131,35 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
 
 #define MAX_POOLS 256
 
+/* A pool we charge for. A destroyed pool with allocations outstanding keeps its
+ * memory in the driver until the last of them is freed, so its record stays
+ * (`destroyed`, no longer found by handle: the driver may hand the handle out
+ * again) and keeps the charge until then. */
 struct pool_rec {
-    CUmemoryPool pool;
+    CUmemoryPool pool;     /* NULL: a free record */
     int index;
+    int destroyed;
+    uint64_t outstanding;  /* tracked allocations from it not yet freed */
     uint64_t charged;      /* the reservation last seen */
     pthread_mutex_t lock;
 };
 
-static struct pool_rec pools[MAX_POOLS];
+static struct pool_rec pools[MAX_POOLS] = {
+    [0 ... MAX_POOLS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 static int pool_count;
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static CUmemoryPool rec_pool(struct pool_rec *rec)
+{
+    return __atomic_load_n(&rec->pool, __ATOMIC_ACQUIRE);
+}
 
 static struct pool_rec *pool_find(CUmemoryPool pool, int index, int create)
 {
     struct pool_rec *rec = NULL;
     pthread_mutex_lock(&pools_lock);
-    for (int i = 0; i < pool_count; i++)
-        if (pools[i].pool == pool)
+    for (int i = 0; i < pool_count && !rec; i++)
+        if (pools[i].pool == pool && !pools[i].destroyed)
             rec = &pools[i];
     if (!rec && create) {
         for (int i = 0; i < pool_count && !rec; i++)
@@ -156,16 +168,28 @@ static struct pool_rec *pool_find(CUmemoryPool pool, int index, int create)
         if (!rec && pool_count < MAX_POOLS)
             rec = &pools[pool_count++];
         if (rec) {
-            rec->pool = pool;
             rec->index = index;
+            rec->destroyed = 0;
+            rec->outstanding = 0;
             rec->charged = 0;
-            pthread_mutex_init(&rec->lock, NULL);
+            __atomic_store_n(&rec->pool, pool, __ATOMIC_RELEASE);   /* fields first */
         } else {
             hami_error("more than %d memory pools; pool %p is not limited", MAX_POOLS, (void *)pool);
         }
     }
     pthread_mutex_unlock(&pools_lock);
     return rec;
+}
+
+/* Gives back the whole charge and frees the record (rec locked). */
+static void pool_forget(struct pool_rec *rec)
+{
+    hami_mem_uncharge(rec->index, rec->charged);
+    rec->charged = 0;
+    pthread_mutex_lock(&pools_lock);
+    rec->destroyed = 0;
+    __atomic_store_n(&rec->pool, NULL, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&pools_lock);
 }
 
 static int pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, uint64_t *value)
@@ -179,11 +203,12 @@ static int pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, uint64_t *valu
 }
 
 /* Brings the charge to the pool's current reservation (rec locked). Growth we did
- * not cause cannot be refused after the fact, so it is charged as it is. */
+ * not cause cannot be refused after the fact, so it is charged as it is. A
+ * destroyed pool can no longer be asked: its charge stays as last seen. */
 static void pool_settle(struct pool_rec *rec)
 {
     uint64_t reserved;
-    if (pool_attr(rec->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) < 0)
+    if (rec->destroyed || pool_attr(rec->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) < 0)
         return;
     if (reserved > rec->charged)
         hami_mem_charge_force(rec->index, reserved - rec->charged);
@@ -200,7 +225,7 @@ void hami_pools_settle_all(void)
     for (int i = 0; i < count; i++) {
         struct pool_rec *rec = &pools[i];
         /* A pool busy in this thread (a charge inside pool_alloc) is skipped. */
-        if (rec->pool && pthread_mutex_trylock(&rec->lock) == 0) {
+        if (rec_pool(rec) && pthread_mutex_trylock(&rec->lock) == 0) {
             if (rec->pool)
                 pool_settle(rec);
             pthread_mutex_unlock(&rec->lock);
@@ -281,8 +306,10 @@ static CUresult pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t byte
         hami_mem_uncharge(rec->index, rec->charged - reserved);
         rec->charged = reserved;
     }
-    if (rc == CUDA_SUCCESS)
-        track(HAMI_RES_ASYNC, *dptr, rec->index, 0, NULL, pool);
+    if (rc == CUDA_SUCCESS) {
+        rec->outstanding++;
+        track(HAMI_RES_ASYNC, *dptr, rec->index, 0, NULL, rec);
+    }
     pthread_mutex_unlock(&rec->lock);
     return rc;
 }
@@ -365,12 +392,12 @@ HAMI_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t byte
     return from_pool_alloc(ASYNC_POOL_PTSZ, dptr, bytesize, pool, hStream);
 }
 
-static void settle_pool_of(void *pool)
+static void settle_pool_of(CUmemoryPool pool)
 {
     struct pool_rec *rec = pool_find(pool, -1, 0);
     if (rec) {
         pthread_mutex_lock(&rec->lock);
-        if (rec->pool == pool)
+        if (rec->pool == pool && !rec->destroyed)
             pool_settle(rec);
         pthread_mutex_unlock(&rec->lock);
     }
@@ -380,6 +407,33 @@ struct async_free {
     CUstream stream;
     int ptsz;
 };
+
+static CUstream async_stream(const struct async_free *a)
+{
+    return a->ptsz && !a->stream ? CU_STREAM_PER_THREAD : a->stream;
+}
+
+/* One of the pool's allocations was freed (`a`: in stream order on that stream, NULL:
+ * at once). A live pool is settled to its reservation. A destroyed one releases its
+ * memory when its last allocation is freed: in stream order, once the stream has
+ * reached the free, so the charge goes after that stream is synchronised. */
+static void pool_freed(struct pool_rec *rec, const struct async_free *a)
+{
+    pthread_mutex_lock(&rec->lock);
+    if (rec->outstanding)
+        rec->outstanding--;
+    if (!rec->destroyed) {
+        pool_settle(rec);
+    } else if (!rec->outstanding) {
+        CUresult (*sync)(CUstream) = HAMI_DRIVER(cuStreamSynchronize);
+        if (a && sync)
+            sync(async_stream(a));
+        hami_debug("destroyed pool %p: last allocation freed, %llu bytes given back",
+                   (void *)rec->pool, (unsigned long long)rec->charged);
+        pool_forget(rec);
+    }
+    pthread_mutex_unlock(&rec->lock);
+}
 
 static CUresult release_sync(CUdeviceptr dptr, void *arg);
 static CUresult release_async(CUdeviceptr dptr, void *arg);
@@ -400,9 +454,8 @@ static CUresult free_tracked(CUdeviceptr dptr, CUresult (*release)(CUdeviceptr, 
     if (res.aux == FALLBACK && release == release_async) {
         /* plain memory freed in stream order: wait for the stream, then free it */
         CUresult (*sync)(CUstream) = HAMI_DRIVER(cuStreamSynchronize);
-        const struct async_free *a = arg;
         if (sync)
-            sync(a->ptsz && !a->stream ? CU_STREAM_PER_THREAD : a->stream);
+            sync(async_stream(arg));
         release = release_sync;
     }
     CUresult rc = HAMI_CALL(release(dptr, arg));
@@ -413,7 +466,7 @@ static CUresult free_tracked(CUdeviceptr dptr, CUresult (*release)(CUdeviceptr, 
     if (kind == HAMI_RES_MEM)
         hami_mem_uncharge(res.dev, res.bytes);
     else
-        settle_pool_of(res.aux);
+        pool_freed(res.aux, release == release_async ? arg : NULL);
     return rc;
 }
 
@@ -471,20 +524,33 @@ HAMI_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
     return rc;
 }
 
+/* The driver destroys a pool with allocations outstanding only once the last of them
+ * is freed (it returns at once): its reservation, read while the handle still
+ * answers, stays charged until then (pool_freed). */
 HAMI_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     REAL_OR_FAIL(real, cuMemPoolDestroy);
-    CUresult rc = real(pool);
-    struct pool_rec *rec = rc == CUDA_SUCCESS ? pool_find(pool, -1, 0) : NULL;
-    if (rec) {
-        pthread_mutex_lock(&rec->lock);
-        hami_mem_uncharge(rec->index, rec->charged);
-        rec->charged = 0;
-        pthread_mutex_unlock(&rec->lock);
-        pthread_mutex_lock(&pools_lock);
-        rec->pool = NULL;
-        pthread_mutex_unlock(&pools_lock);
+    struct pool_rec *rec = hami_in_driver ? NULL : pool_find(pool, -1, 0);
+    if (!rec)
+        return real(pool);
+    pthread_mutex_lock(&rec->lock);
+    int ours = rec->pool == pool && !rec->destroyed;
+    if (ours)
+        pool_settle(rec);
+    CUresult rc = HAMI_CALL(real(pool));
+    if (rc == CUDA_SUCCESS && ours) {
+        if (rec->outstanding) {
+            pthread_mutex_lock(&pools_lock);
+            rec->destroyed = 1;
+            pthread_mutex_unlock(&pools_lock);
+            hami_debug("pool %p destroyed with %llu allocations outstanding: %llu bytes stay charged",
+                       (void *)pool, (unsigned long long)rec->outstanding,
+                       (unsigned long long)rec->charged);
+        } else {
+            pool_forget(rec);
+        }
     }
+    pthread_mutex_unlock(&rec->lock);
     return rc;
 }
 

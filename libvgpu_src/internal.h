@@ -81,7 +81,7 @@ struct hami_res {
     int dev;           /* region index, -1 when not limited */
     uint64_t bytes;    /* charged */
     CUcontext ctx;     /* owning context (freed with it), NULL when none */
-    void *aux;         /* ASYNC: its pool */
+    void *aux;         /* ASYNC: its pool's record (cuda_memory.c) */
 };
 void hami_res_put(const struct hami_res *res);
 /* Removes the entry and copies it to `out`; 0 when found, -1 when untracked. */

@@ -27,6 +27,11 @@
  *   bypass LIB B1 B2     allocates B1 through LIB loaded with RTLD_DEEPBIND (past the
  *                        hooks), then B2 through the hooks; prints hidden_rc, rc
  *   rtldnext             checks dlsym(RTLD_NEXT) through libvgpu's dlsym; prints same=1
+ *   pooldestroy FREE BYTES BIG  two BYTES allocations from a new pool, the pool
+ *                        destroyed, then cuMemAlloc(BIG) tried at each step; FREE:
+ *                        before (both freed before the destroy), async, sync (freed
+ *                        one by one after it); prints destroy_rc during_rc mid_rc
+ *                        after_rc (mid: one of two freed)
  * KIND: mem pitch managed async pool vmm array array3d
  * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context;
  * PROBE_DEVICE=N works on CUDA device N (default 0).
@@ -67,6 +72,7 @@
     X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync) \
     X(cuMemPoolCreate, cuMemPoolCreate) \
     X(cuMemPoolTrimTo, cuMemPoolTrimTo) \
+    X(cuMemPoolDestroy, cuMemPoolDestroy) \
     X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool) \
     X(cuStreamSynchronize, cuStreamSynchronize) \
     X(cuMemCreate, cuMemCreate) \
@@ -411,6 +417,48 @@ static int cmd_stress(int threads, double seconds, size_t max_mib)
     return errors ? 1 : 0;
 }
 
+/* cuMemAlloc(bytes) and free: the rc of the allocation. */
+static int try_plain(size_t bytes)
+{
+    CUdeviceptr p;
+    CUresult rc = api.cuMemAlloc_v2(&p, bytes);
+    if (rc == CUDA_SUCCESS)
+        CHECK(api.cuMemFree_v2(p));
+    return (int)rc;
+}
+
+static void free_pooled(const char *how, CUdeviceptr p)
+{
+    CHECK(!strcmp(how, "sync") ? api.cuMemFree_v2(p) : api.cuMemFreeAsync(p, NULL));
+    CHECK(api.cuStreamSynchronize(NULL));
+}
+
+static int cmd_pooldestroy(const char *how, size_t bytes, size_t big)
+{
+    need_kind("pool");
+    need_kind("mem");
+    NEED(cuMemPoolDestroy);
+    prepare_kind("pool");
+    CUdeviceptr first, second;
+    CHECK(api.cuMemAllocFromPoolAsync(&first, bytes, own_pool, NULL));
+    CHECK(api.cuMemAllocFromPoolAsync(&second, bytes, own_pool, NULL));
+    int before = !strcmp(how, "before");
+    if (before) {
+        free_pooled("async", first);
+        free_pooled("async", second);
+    }
+    int destroy_rc = (int)api.cuMemPoolDestroy(own_pool);
+    int during_rc = try_plain(big), mid_rc = -1;
+    if (!before) {
+        free_pooled(how, first);
+        mid_rc = try_plain(big);
+        free_pooled(how, second);
+    }
+    printf("destroy_rc=%d during_rc=%d mid_rc=%d after_rc=%d\n", destroy_rc, during_rc, mid_rc,
+           try_plain(big));
+    return 0;
+}
+
 static int cmd_launch(long count)
 {
     NEED(cuModuleLoadData);
@@ -575,6 +623,8 @@ int main(int argc, char **argv)
         start_at = argc > 6 ? atof(argv[6]) : 0;
         return cmd_stress(atoi(argv[3]), atof(argv[4]), strtoull(argv[5], NULL, 10));
     }
+    if (!strcmp(cmd, "pooldestroy") && argc > 5)
+        return cmd_pooldestroy(argv[3], strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
     if (!strcmp(cmd, "launch") && argc > 3)
         return cmd_launch(atol(argv[3]));
     fprintf(stderr, "vgpu_probe: bad command\n");
