@@ -7,6 +7,7 @@
 #include "log.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 /* The driver hands out device memory in whole 2 MiB pages; charging the same keeps
  * what the host sees for the container within the limit. */
@@ -577,6 +578,106 @@ HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     return rc;
 }
 
+/* A handle released while mapped keeps its memory in the driver until its last
+ * mapping is unmapped: the mappings of charged handles are kept, and a charged
+ * handle released while mapped stays charged (`released`) until then. Not a hot path. */
+struct vmm_map {
+    CUdeviceptr ptr;
+    size_t size;
+    CUmemGenericAllocationHandle handle;
+};
+
+static struct vmm_map *vmm_maps;
+static size_t vmm_map_count, vmm_map_cap;
+static struct hami_res *vmm_released;
+static size_t vmm_released_count, vmm_released_cap;
+static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int grow(void **items, size_t *cap, size_t count, size_t size)
+{
+    if (count < *cap)
+        return 0;
+    size_t want = *cap ? *cap * 2 : 16;
+    void *bigger = realloc(*items, want * size);
+    if (!bigger)
+        return -1;
+    *items = bigger;
+    *cap = want;
+    return 0;
+}
+
+static int vmm_mapped(CUmemGenericAllocationHandle handle)   /* vmm_lock held */
+{
+    for (size_t i = 0; i < vmm_map_count; i++)
+        if (vmm_maps[i].handle == handle)
+            return 1;
+    return 0;
+}
+
+/* Released handles with no mapping left give their charge back (vmm_lock held). */
+static void vmm_settle_released(void)
+{
+    for (size_t i = 0; i < vmm_released_count;) {
+        if (!vmm_mapped(vmm_released[i].key)) {
+            hami_mem_uncharge(vmm_released[i].dev, vmm_released[i].bytes);
+            vmm_released[i] = vmm_released[--vmm_released_count];
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Forgets the mappings inside [ptr, ptr + size) (unmapped), or only the one entry
+ * {ptr, size, handle} when `handle` is given (a mapping the driver refused). */
+static void vmm_unmapped(CUdeviceptr ptr, size_t size, CUmemGenericAllocationHandle handle)
+{
+    pthread_mutex_lock(&vmm_lock);
+    for (size_t i = 0; i < vmm_map_count;) {
+        const struct vmm_map *m = &vmm_maps[i];
+        int gone = handle ? m->ptr == ptr && m->size == size && m->handle == handle
+                          : m->ptr >= ptr && m->ptr - ptr <= size && m->size <= size - (m->ptr - ptr);
+        if (!gone) {
+            i++;
+            continue;
+        }
+        vmm_maps[i] = vmm_maps[--vmm_map_count];
+        if (handle)
+            break;
+    }
+    vmm_settle_released();
+    pthread_mutex_unlock(&vmm_lock);
+}
+
+/* The mapping is recorded before the driver makes it, so that a release racing with
+ * it keeps the charge. */
+HAMI_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    REAL_OR_FAIL(real, cuMemMap);
+    if (hami_in_driver || !hami_region_get())
+        return real(ptr, size, offset, handle, flags);
+    pthread_mutex_lock(&vmm_lock);
+    int recorded = grow((void **)&vmm_maps, &vmm_map_cap, vmm_map_count, sizeof *vmm_maps) == 0;
+    if (recorded)
+        vmm_maps[vmm_map_count++] = (struct vmm_map){ptr, size, handle};
+    pthread_mutex_unlock(&vmm_lock);
+    CUresult rc = HAMI_CALL(real(ptr, size, offset, handle, flags));
+    if (rc != CUDA_SUCCESS && recorded)
+        vmm_unmapped(ptr, size, handle);
+    return rc;
+}
+
+HAMI_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    REAL_OR_FAIL(real, cuMemUnmap);
+    if (hami_in_driver || !hami_region_get())
+        return real(ptr, size);
+    CUresult rc = HAMI_CALL(real(ptr, size));
+    if (rc == CUDA_SUCCESS)
+        vmm_unmapped(ptr, size, 0);
+    return rc;
+}
+
 HAMI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     REAL_OR_FAIL(real, cuMemRelease);
@@ -584,10 +685,19 @@ HAMI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     if (hami_in_driver || hami_res_take(HAMI_RES_VMM, handle, &res) < 0)
         return real(handle);
     CUresult rc = HAMI_CALL(real(handle));
-    if (rc == CUDA_SUCCESS)
-        hami_mem_uncharge(res.dev, res.bytes);
-    else
+    if (rc != CUDA_SUCCESS) {
         hami_res_put(&res);
+        return rc;
+    }
+    pthread_mutex_lock(&vmm_lock);
+    int keep = vmm_mapped(handle) &&
+               grow((void **)&vmm_released, &vmm_released_cap, vmm_released_count,
+                    sizeof *vmm_released) == 0;
+    if (keep)
+        vmm_released[vmm_released_count++] = res;
+    else
+        hami_mem_uncharge(res.dev, res.bytes);
+    pthread_mutex_unlock(&vmm_lock);
     return rc;
 }
 

@@ -39,6 +39,8 @@
     X(cuMemPoolDestroy, CUDA) \
     X(cuMemCreate, CUDA) \
     X(cuMemRelease, CUDA) \
+    X(cuMemMap, CUDA) \
+    X(cuMemUnmap, CUDA) \
     X(cuArrayCreate_v2, CUDA) \
     X(cuArray3DCreate_v2, CUDA) \
     X(cuArrayDestroy, CUDA) \

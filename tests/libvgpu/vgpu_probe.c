@@ -32,6 +32,10 @@
  *                        before (both freed before the destroy), async, sync (freed
  *                        one by one after it); prints destroy_rc during_rc mid_rc
  *                        after_rc (mid: one of two freed)
+ *   vmmrelease WHEN BYTES BIG  a VMM handle of BYTES mapped, released while still
+ *                        mapped (WHEN=mapped) or after the unmap (unmapped), then
+ *                        cuMemAlloc(BIG) tried before and after the unmap; prints
+ *                        release_rc during_rc after_rc
  * KIND: mem pitch managed async pool vmm array array3d
  * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context;
  * PROBE_DEVICE=N works on CUDA device N (default 0).
@@ -78,6 +82,10 @@
     X(cuMemCreate, cuMemCreate) \
     X(cuMemRelease, cuMemRelease) \
     X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity) \
+    X(cuMemAddressReserve, cuMemAddressReserve) \
+    X(cuMemAddressFree, cuMemAddressFree) \
+    X(cuMemMap, cuMemMap) \
+    X(cuMemUnmap, cuMemUnmap) \
     X(cuArrayCreate_v2, cuArrayCreate) \
     X(cuArray3DCreate_v2, cuArray3DCreate) \
     X(cuArrayDestroy, cuArrayDestroy) \
@@ -459,6 +467,33 @@ static int cmd_pooldestroy(const char *how, size_t bytes, size_t big)
     return 0;
 }
 
+static int cmd_vmmrelease(const char *when, size_t bytes, size_t big)
+{
+    need_kind("vmm");
+    need_kind("mem");
+    NEED(cuMemAddressReserve);
+    NEED(cuMemAddressFree);
+    NEED(cuMemMap);
+    NEED(cuMemUnmap);
+    prepare_kind("vmm");
+    struct block b;
+    CHECK(take("vmm", bytes, &b));
+    size_t size = (bytes + vmm_granularity - 1) / vmm_granularity * vmm_granularity;
+    CUdeviceptr va;
+    CHECK(api.cuMemAddressReserve(&va, size, 0, 0, 0));
+    CHECK(api.cuMemMap(va, size, 0, b.handle, 0));
+    int mapped = !strcmp(when, "mapped");
+    if (!mapped)
+        CHECK(api.cuMemUnmap(va, size));
+    int release_rc = (int)api.cuMemRelease(b.handle);
+    int during_rc = try_plain(big);
+    if (mapped)
+        CHECK(api.cuMemUnmap(va, size));
+    CHECK(api.cuMemAddressFree(va, size));
+    printf("release_rc=%d during_rc=%d after_rc=%d\n", release_rc, during_rc, try_plain(big));
+    return 0;
+}
+
 static int cmd_launch(long count)
 {
     NEED(cuModuleLoadData);
@@ -625,6 +660,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "pooldestroy") && argc > 5)
         return cmd_pooldestroy(argv[3], strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
+    if (!strcmp(cmd, "vmmrelease") && argc > 5)
+        return cmd_vmmrelease(argv[3], strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
     if (!strcmp(cmd, "launch") && argc > 3)
         return cmd_launch(atol(argv[3]));
     fprintf(stderr, "vgpu_probe: bad command\n");
