@@ -2,7 +2,8 @@
 
   hami-hook --state-dir DIR --runc-root DIR createRuntime|poststop  < OCI state
 
-createRuntime records the container's host PID with its allocation; poststop
+createRuntime records the container's host PID beside its allocation
+(private/<id>/pid; the launcher's C hook does the same faster); poststop
 releases the allocation (idempotent). Driver libraries are found through the
 bind mounts and LD_LIBRARY_PATH the runtime set, so no step runs inside the
 container's root here.
@@ -57,10 +58,7 @@ def main(argv=None) -> int:
     roots = [options["runc-root"]] if "runc-root" in options else []
     try:
         if stage == "createRuntime":
-            with store.transaction(options["state-dir"], roots) as current:
-                entry = current.allocations.get(cid)
-                if entry is not None:
-                    entry["pid"] = int(state.get("pid") or 0)
+            store.record_host_pid(options["state-dir"], cid, int(state.get("pid") or 0))
         else:
             store.release(options["state-dir"], cid, roots)
     except (HamiError, OSError) as exc:

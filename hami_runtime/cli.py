@@ -13,9 +13,13 @@ from . import argv as argv_mod
 from . import config
 from .errors import HamiError, report
 
+LAUNCHER_ENV = "HAMI_LAUNCHER"  # hami_runtime/launcher/hook.h
+
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Set by the C launcher for create/run; not passed on to runc.
+    launcher = os.environ.pop(LAUNCHER_ENV, None)
     inv = None
     try:
         inv = argv_mod.parse(argv)
@@ -23,7 +27,7 @@ def main(argv=None) -> int:
         runtime = config.real_runtime(cfg)
         if inv.command in ("create", "run"):
             from .create import prepare
-            prepare(cfg, inv)
+            prepare(cfg, inv, launcher)
         elif inv.command == "delete":
             from .delete import delete
             return delete(cfg, inv, runtime)

@@ -51,6 +51,28 @@ HOOK_CODE = ("import sys; sys.path.insert(0, {where!r}); "
              "from hami_hook.cli import main; sys.exit(main())")
 
 
+def usable_launcher(path) -> bool:
+    """The launcher that started this create (it says so in HAMI_LAUNCHER) runs
+    the createRuntime hook as root: only a root- or our-owned file that no one
+    else may write."""
+    if not path or not os.path.isabs(path) or not os.path.basename(path).startswith("hami-runtime"):
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK)
+            and st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022)
+
+
+def create_hook_argv(cfg: Config, launcher) -> List[str]:
+    """createRuntime through the launcher's C hook (no interpreter start inside
+    runc's create), unless the config names its own hook command."""
+    if cfg.hook_command or not usable_launcher(launcher):
+        return []
+    return [launcher, "hami-hook", "--state-dir", cfg.state_dir]
+
+
 def hook_argv(cfg: Config, runc_root: str) -> List[str]:
     where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base = list(cfg.hook_command) or [sys.executable, "-S", "-I", "-c", HOOK_CODE.format(where=where)]
@@ -58,7 +80,7 @@ def hook_argv(cfg: Config, runc_root: str) -> List[str]:
 
 
 def build_injection(cfg: Config, runc_root: str, cid: str, grants, gpus, majors, driver_files,
-                    request, marker: dict) -> modifiers.Injection:
+                    request, marker: dict, launcher=None) -> modifiers.Injection:
     minor_of = {g.uuid: g.minor for g in gpus}
     region_dir = store.container_dir(cfg.state_dir, cid)
     preload = os.path.join(store.private_dir(cfg.state_dir, cid), "ld.so.preload")
@@ -91,7 +113,8 @@ def build_injection(cfg: Config, runc_root: str, cid: str, grants, gpus, majors,
     return modifiers.Injection(
         devices=modifiers.device_nodes([minor_of[g.uuid] for g in grants], majors),
         mounts=mounts, env=env, library_dirs=library_dirs,
-        hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV), marker=marker)
+        hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV),
+        create_hook_argv=create_hook_argv(cfg, launcher), marker=marker)
 
 
 def _prepare_host_side(cfg: Config, cid: str, inv, grants, request, creator: dict) -> None:
@@ -111,9 +134,10 @@ def _prepare_host_side(cfg: Config, cid: str, inv, grants, request, creator: dic
     atomic_write(os.path.join(private, "owner.json"), json.dumps(owner).encode(), 0o600)
 
 
-def prepare(cfg: Config, inv) -> bool:
+def prepare(cfg: Config, inv, launcher=None) -> bool:
     """True when the spec was edited for a GPU request; False when it had none
-    and stays byte for byte as it came."""
+    and stays byte for byte as it came. `launcher`: the C launcher that started
+    this process, if any."""
     cid = check_container_id(inv.container_id)
     bundle = inv.bundle
     spec = spec_io.load(bundle)
@@ -158,7 +182,7 @@ def prepare(cfg: Config, inv) -> bool:
     try:
         _prepare_host_side(cfg, cid, inv, grants, request, entry["creator"])
         edited = modifiers.apply(copy.deepcopy(spec), build_injection(
-            cfg, inv.root, cid, grants, gpus, majors, driver_files, request, marker))
+            cfg, inv.root, cid, grants, gpus, majors, driver_files, request, marker, launcher))
         spec_io.write(bundle, edited)
     except BaseException:
         store.release(cfg.state_dir, cid, [inv.root])

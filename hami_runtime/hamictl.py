@@ -74,13 +74,15 @@ def gpus(ctx, as_json):
 @click.pass_context
 def ps(ctx, as_json):
     """Allocations: container, GPU, memory, cores, PID."""
+    from . import store
     cfg = _config(ctx.obj["config_path"])
     rows = []
     for cid, entry in sorted(allocations(cfg).items()):
+        pid = entry.get("pid") or store.host_pid(cfg.state_dir, cid)
         for device in entry["devices"]:
             rows.append({"container": cid, "gpu": device.get("index"), "uuid": device["uuid"],
                          "memory_mib": device["mem_mib"], "cores": device["cores"],
-                         "pid": entry.get("pid", 0), "identity": entry.get("identity", {})})
+                         "pid": pid, "identity": entry.get("identity", {})})
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return

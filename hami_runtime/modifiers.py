@@ -43,6 +43,7 @@ class Injection:
     library_dirs: List[str] = field(default_factory=list)  # appended to LD_LIBRARY_PATH
     hook_argv: List[str] = field(default_factory=list)     # [path, args...]; poststop/createRuntime appended
     hook_env: List[str] = field(default_factory=list)
+    create_hook_argv: List[str] = field(default_factory=list)  # createRuntime's own; []: hook_argv
     marker: Optional[dict] = None
 
 
@@ -113,10 +114,12 @@ def add_hooks(spec: dict, inj: Injection) -> dict:
     if not inj.hook_argv:
         return spec
     hooks = spec.setdefault("hooks", {})
+    ours = [argv for argv in (inj.hook_argv, inj.create_hook_argv) if argv]
     for stage in ("createRuntime", "poststop"):
+        argv = inj.create_hook_argv if stage == "createRuntime" and inj.create_hook_argv else inj.hook_argv
         kept = [h for h in hooks.get(stage) or []
-                if (h.get("args") or [])[:len(inj.hook_argv)] != inj.hook_argv]
-        kept.append({"path": inj.hook_argv[0], "args": inj.hook_argv + [stage],
+                if not any((h.get("args") or [])[:len(mine)] == mine for mine in ours)]
+        kept.append({"path": argv[0], "args": argv + [stage],
                      "env": list(inj.hook_env), "timeout": 30})
         hooks[stage] = kept
     return spec

@@ -5,7 +5,8 @@ Layout of the state dir:
   allocations.json    {"version": 1, "allocations": {<container id>: entry}}
   allocations.lock    the lock (a separate file, so the rename keeps it valid)
   containers/<id>/    the shared-region dir, mounted into the container
-  private/<id>/       host-only files: ld.so.preload, owner.json
+  private/<id>/       host-only files: ld.so.preload, owner.json, pid (the
+                      container's host PID, written by the createRuntime hook)
 
 An entry is live while runc's state dir for it exists (<runc root>/<id>) or
 while the process that made it (hami-runtime, which becomes runc by exec)
@@ -32,6 +33,7 @@ VERSION = 1
 STATE_FILE = "allocations.json"
 LOCK_FILE = "allocations.lock"
 MARKER = "hami.io/allocation"
+PID_FILE = "pid"
 
 
 def container_dir(state_dir: str, cid: str) -> str:
@@ -40,6 +42,25 @@ def container_dir(state_dir: str, cid: str) -> str:
 
 def private_dir(state_dir: str, cid: str) -> str:
     return os.path.join(state_dir, "private", check_container_id(cid))
+
+
+def record_host_pid(state_dir: str, cid: str, pid: int) -> None:
+    """What the createRuntime hook records (the launcher's C hook writes the
+    same file): no lock, one atomic file; a container without a private dir
+    has no allocation and nothing is written."""
+    directory = private_dir(state_dir, cid)
+    if os.path.isdir(directory):
+        atomic_write(os.path.join(directory, PID_FILE), f"{int(pid)}\n".encode(), 0o644)
+
+
+def host_pid(state_dir: str, cid: str) -> int:
+    """The recorded host PID, 0 when none is (yet)."""
+    try:
+        with open(os.path.join(private_dir(state_dir, cid), PID_FILE), encoding="ascii") as handle:
+            text = handle.read()
+    except (OSError, ValueError):
+        return 0
+    return int(text) if text.strip().isdigit() else 0
 
 
 def entry_alive(entry: dict) -> bool:

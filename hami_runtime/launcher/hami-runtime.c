@@ -6,7 +6,8 @@
  * `runtime` key of the config and execs the first executable candidate.
  * create/run/delete, and anything this launcher does not fully understand
  * (an unusual config, a runtime that is this program), go to the Python
- * runtime, which decides and reports errors as usual.
+ * runtime, which decides and reports errors as usual. `hami-hook` is the
+ * createRuntime hook (hook.c).
  *
  * Built with HAMI_PYTHONPATH (make build: this tree and its virtual
  * environment's site-packages), Python starts with -S and these paths put in
@@ -20,6 +21,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "hook.h"
 
 #ifndef HAMI_PYTHON
 #define HAMI_PYTHON "/usr/bin/python3"
@@ -177,10 +180,16 @@ static int config_runtimes(char cands[][PATH_MAX], int *count)
 
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], HOOK_SUBCOMMAND) == 0)
+        return hook_main(argc - 2, argv + 2);
     int unknown_flag;
     const char *cmd = subcommand(argc, argv, &unknown_flag);
-    if (cmd && (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "delete")))
+    if (cmd && (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "delete"))) {
+        char exe[PATH_MAX];
+        if (realpath("/proc/self/exe", exe))
+            setenv(LAUNCHER_ENV, exe, 1); /* the createRuntime hook can be this program */
         run_python(argv);
+    }
 
     static char cands[MAX_CANDIDATES][PATH_MAX];
     int count = 0;

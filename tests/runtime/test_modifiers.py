@@ -90,3 +90,13 @@ def test_apply_leaves_the_input_alone_when_copied():
     original = base()
     m.apply(copy.deepcopy(original), INJ)
     assert original == base()
+
+
+def test_create_runtime_hook_of_its_own_is_not_doubled():
+    import dataclasses
+    inj = dataclasses.replace(INJ, create_hook_argv=["/opt/hami-runtime", "hami-hook", "--state-dir", "/state"])
+    once = m.add_hooks(base(), inj)
+    twice = m.add_hooks(copy.deepcopy(once), inj)
+    assert once == twice
+    assert [h["args"] for h in twice["hooks"]["createRuntime"]] == [inj.create_hook_argv + ["createRuntime"]]
+    assert twice["hooks"]["poststop"][1]["args"] == INJ.hook_argv + ["poststop"]

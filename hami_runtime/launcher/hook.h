@@ -1,0 +1,13 @@
+/* The createRuntime hook, run by the launcher as `hami-runtime hami-hook ...`. */
+#ifndef HAMI_LAUNCHER_HOOK_H
+#define HAMI_LAUNCHER_HOOK_H
+
+#define HOOK_SUBCOMMAND "hami-hook"
+/* The environment variable that tells the Python runtime which launcher
+ * started it, so that the createRuntime hook it writes can be this program. */
+#define LAUNCHER_ENV "HAMI_LAUNCHER"
+
+/* argv after the subcommand; returns the exit status. */
+int hook_main(int argc, char **argv);
+
+#endif
