@@ -3,6 +3,10 @@
  * every process of the container through the region (struct hami_sm_state),
  * and charged with each launch's MEASURED device time.
  *
+ * A device is limited when its sm_limit is 1..99 and the policy is not
+ * `disable` (`default` and `force` both apply the limit as configured).
+ * Otherwise a launch costs one load and one branch: no event, lock or clock.
+ *
  * - Tokens are nanoseconds of device time the container may still use. They
  *   refill at share x wall time (whoever launches next claims the elapsed
  *   wall time with a CAS on refill_ns) and are capped at share x
@@ -25,9 +29,9 @@
  *   measured. Alone on the device, that ratio is a baseline (launch gaps that
  *   an unlimited process has too, NVML's rounding); with processes of other
  *   containers on it, measurements are charged scaled by ratio / baseline
- *   (smoothed, in [SM_FACTOR_MIN, 1]). The factor never exceeds 1, so the correction can
- *   only give back time that was not used; without NVML, or without knowing
- *   the pid NVML knows us by, it stays 1.
+ *   (smoothed, in [SM_FACTOR_MIN, 1]). The factor never exceeds 1, so the
+ *   correction can only give back time that was not used; without NVML, or
+ *   without knowing the pid NVML knows us by, it stays 1.
  * - Everything shared is updated with atomics; no lock spans processes, so a
  *   process killed at any instant leaves at most its estimates charged.
  *
