@@ -38,8 +38,9 @@ def build() -> None:
 
 @dataclass(frozen=True)
 class Load:
-    """One process: the region (container) it belongs to and what that region says."""
-    region: Path | None
+    """One process: the region file (container) it belongs to, always a private one,
+    and the limits the first process writes into it."""
+    region: Path
     sm_limit: int | None = None
     policy: str | None = None
     mode: str = "kernel"
@@ -53,8 +54,7 @@ def load_env(load: Load, sim_state: Path) -> dict[str, str]:
     env["LD_LIBRARY_PATH"] = str(SIM_LIB)
     env["HAMI_SIM_STATE"] = str(sim_state)
     env["LD_PRELOAD"] = str(LIBVGPU)
-    if load.region is not None:
-        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(load.region)
+    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(load.region)
     if load.sm_limit is not None:
         env["CUDA_DEVICE_SM_LIMIT"] = str(load.sm_limit)
     if load.policy is not None:
