@@ -1,6 +1,8 @@
 """Memory the driver keeps after the call that gives it up returned: a pool destroyed
 with allocations outstanding (kept until the last is freed), a VMM handle released
-while mapped (kept until its last unmap). The container stays charged until then."""
+while mapped (kept until its last unmap), stream-ordered memory of a destroyed
+context (it outlives the context). The container stays charged until then, and no
+longer."""
 import pytest
 
 from .conftest import MIB
@@ -20,8 +22,11 @@ CASES = [
     (("pooldestroy", "before", POOL_BLOCK), {"destroy_rc": 0, "during_rc": 0, "after_rc": 0}),
     (("vmmrelease", "mapped", VMM_BYTES), {"release_rc": 0, "during_rc": OOM, "after_rc": 0}),
     (("vmmrelease", "unmapped", VMM_BYTES), {"release_rc": 0, "during_rc": 0, "after_rc": 0}),
+    # the created context and its plain block go with it, the pool block stays
+    (("ctxdestroy", POOL_BLOCK), {"destroy_rc": 0, "during_rc": OOM, "after_rc": 0}),
 ]
-IDS = ["pool-free-async", "pool-free-sync", "pool-idle", "vmm-mapped", "vmm-unmapped"]
+IDS = ["pool-free-async", "pool-free-sync", "pool-idle", "vmm-mapped", "vmm-unmapped",
+       "ctx-destroyed"]
 
 
 @pytest.mark.parametrize("args, expected", CASES, ids=IDS)
@@ -35,7 +40,8 @@ def test_charge_follows_what_the_driver_still_holds(probe, args, expected):
 
 
 @pytest.mark.parametrize("args", [("pooldestroy", "async", POOL_BLOCK),
-                                  ("vmmrelease", "mapped", VMM_BYTES)], ids=["pool", "vmm"])
+                                  ("vmmrelease", "mapped", VMM_BYTES),
+                                  ("ctxdestroy", POOL_BLOCK)], ids=["pool", "vmm", "ctx"])
 def test_the_driver_itself_still_holds_it(probe, args):
     """The same scenarios on the whole simulated device without libvgpu: the driver
     refuses too, so the charge above is not stricter than the driver."""

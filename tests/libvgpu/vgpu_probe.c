@@ -36,6 +36,11 @@
  *                        mapped (WHEN=mapped) or after the unmap (unmapped), then
  *                        cuMemAlloc(BIG) tried before and after the unmap; prints
  *                        release_rc during_rc after_rc
+ *   ctxdestroy BYTES BIG a created context gets BYTES stream-ordered (default pool)
+ *                        and BYTES plain, and is destroyed with both live; then
+ *                        cuMemAlloc(BIG) in the primary context, before and after
+ *                        the stream-ordered block (which outlives its context) is
+ *                        freed; prints destroy_rc during_rc after_rc
  * KIND: mem pitch managed async pool vmm array array3d
  * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context;
  * PROBE_DEVICE=N works on CUDA device N (default 0).
@@ -494,6 +499,25 @@ static int cmd_vmmrelease(const char *when, size_t bytes, size_t big)
     return 0;
 }
 
+static int cmd_ctxdestroy(size_t bytes, size_t big)
+{
+    need_kind("async");
+    need_kind("mem");
+    NEED(cuCtxCreate_v2);
+    NEED(cuCtxDestroy_v2);
+    CUcontext created;
+    CUdeviceptr pooled, plain;
+    CHECK(api.cuCtxCreate_v2(&created, 0, device));
+    CHECK(api.cuMemAllocAsync(&pooled, bytes, NULL));
+    CHECK(api.cuMemAlloc_v2(&plain, bytes));
+    int destroy_rc = (int)api.cuCtxDestroy_v2(created);
+    CHECK(api.cuCtxSetCurrent(context));
+    int during_rc = try_plain(big);
+    free_pooled("async", pooled);
+    printf("destroy_rc=%d during_rc=%d after_rc=%d\n", destroy_rc, during_rc, try_plain(big));
+    return 0;
+}
+
 static int cmd_launch(long count)
 {
     NEED(cuModuleLoadData);
@@ -662,6 +686,8 @@ int main(int argc, char **argv)
         return cmd_pooldestroy(argv[3], strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
     if (!strcmp(cmd, "vmmrelease") && argc > 5)
         return cmd_vmmrelease(argv[3], strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
+    if (!strcmp(cmd, "ctxdestroy") && argc > 4)
+        return cmd_ctxdestroy(strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
     if (!strcmp(cmd, "launch") && argc > 3)
         return cmd_launch(atol(argv[3]));
     fprintf(stderr, "vgpu_probe: bad command\n");
