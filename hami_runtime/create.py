@@ -2,23 +2,25 @@
 
 Only this edge touches files and the lock; parsing, allocation and the spec
 edits are the pure modules it calls. On any refusal nothing is left behind.
+A spec with no request loads only what tells it so: the modules that serve a
+GPU request are imported where they are used.
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import stat
 import sys
-import time
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
-from . import log, modifiers, spec as spec_io, store
+from . import log, spec as spec_io
 from .config import Config
 from .errors import HamiError
-from .files import atomic_write, process_start
 from .ids import check_container_id
 from .request_keys import mentions_request
+
+if TYPE_CHECKING:
+    from . import modifiers
 
 IDENTITY_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-namespace",
                  "io.kubernetes.cri.container-name", "io.kubernetes.pod.name",
@@ -80,7 +82,8 @@ def hook_argv(cfg: Config, runc_root: str) -> List[str]:
 
 
 def build_injection(cfg: Config, runc_root: str, cid: str, grants, gpus, majors, driver_files,
-                    request, marker: dict, launcher=None) -> modifiers.Injection:
+                    request, marker: dict, launcher=None) -> "modifiers.Injection":
+    from . import modifiers, store
     minor_of = {g.uuid: g.minor for g in gpus}
     region_dir = store.container_dir(cfg.state_dir, cid)
     preload = os.path.join(store.private_dir(cfg.state_dir, cid), "ld.so.preload")
@@ -118,7 +121,8 @@ def build_injection(cfg: Config, runc_root: str, cid: str, grants, gpus, majors,
 
 
 def _prepare_host_side(cfg: Config, cid: str, inv, grants, request, creator: dict) -> None:
-    from . import region
+    from . import modifiers, region, store
+    from .files import atomic_write
     region_dir = store.container_dir(cfg.state_dir, cid)
     private = store.private_dir(cfg.state_dir, cid)
     for path in (region_dir, private):
@@ -152,6 +156,10 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     if request is None:
         log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
         return False
+    import copy
+    import time
+    from . import modifiers, store
+    from .files import process_start
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
     gpus = discovery_cache.gpus(cfg)

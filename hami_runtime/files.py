@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
     """Write to a temp file beside `path`, fsync, rename over it, fsync the dir:
     a reader (or a crash) sees the old file or the new one, never a mix."""
+    import tempfile  # here: a create with no request writes nothing
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".hami-", dir=directory)
     try:
