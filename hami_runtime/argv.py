@@ -6,7 +6,6 @@ Go's flag package (which runc's CLI library uses) takes `-flag`, `--flag`,
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .errors import HamiError
@@ -24,13 +23,29 @@ MODIFIED_COMMANDS = set(COMMAND_VALUE_FLAGS)
 DEFAULT_ROOT = "/run/runc"
 
 
-@dataclass
 class Invocation:
-    argv: List[str]                      # everything after the program name
-    global_flags: Dict[str, str] = field(default_factory=dict)
-    command: Optional[str] = None
-    command_flags: Dict[str, str] = field(default_factory=dict)
-    positional: List[str] = field(default_factory=list)
+    """One command line, parsed (a plain class: dataclasses would load inspect)."""
+
+    def __init__(self, argv: List[str], global_flags: Optional[Dict[str, str]] = None,
+                 command: Optional[str] = None, command_flags: Optional[Dict[str, str]] = None,
+                 positional: Optional[List[str]] = None):
+        self.argv = argv                                  # everything after the program name
+        self.global_flags = {} if global_flags is None else global_flags
+        self.command = command
+        self.command_flags = {} if command_flags is None else command_flags
+        self.positional = [] if positional is None else positional
+
+    def _values(self):
+        return (self.argv, self.global_flags, self.command, self.command_flags, self.positional)
+
+    def __eq__(self, other):
+        return self._values() == other._values() if type(other) is Invocation else NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return ("Invocation(argv={!r}, global_flags={!r}, command={!r}, command_flags={!r}, "
+                "positional={!r})".format(*self._values()))
 
     @property
     def root(self) -> str:

@@ -1,14 +1,15 @@
 """The node config (TOML): defaults, validation, lookup of the real runtime.
 
-Kept free of heavy imports: passthrough subcommands read it too.
+Kept free of heavy imports: a create with no request reads it too, so the
+classes here are written out rather than made by dataclasses (which loads
+inspect, a good part of such a create's time).
 """
 from __future__ import annotations
 
 import os
 import re
 import sys
-from dataclasses import dataclass, field, fields
-from typing import Dict, List
+from typing import Dict, List, NamedTuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,34 +23,62 @@ DEFAULT_RUNTIMES = ["/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-@dataclass(frozen=True)
-class ExtraMount:
+class ExtraMount(NamedTuple):
     source: str
     destination: str
     readonly: bool = False
 
 
-@dataclass(frozen=True)
+# name -> a fresh default (lists and dicts are never shared between configs)
+DEFAULTS = {
+    "runtime": lambda: list(DEFAULT_RUNTIMES),
+    "state_dir": lambda: "/run/hami",
+    "libvgpu": lambda: "/usr/local/lib/hami/libvgpu.so",
+    "split_count": lambda: 10,
+    "memory_scaling": lambda: 1.0,
+    "default_memory_mib": lambda: 0,   # 0: the whole card (after scaling)
+    "default_cores": lambda: 0,        # 0: no SM limit
+    "policy": lambda: "binpack",
+    "driver_root": lambda: "/",
+    "dev_root": lambda: "/dev",
+    "proc_devices": lambda: "/proc/devices",
+    "nvml_library": lambda: "",        # "": the loader's libnvidia-ml.so.1
+    "env_requests": lambda: True,
+    "log_file": lambda: "",
+    "log_level": lambda: "info",
+    "extra_env": dict,
+    "extra_mounts": list,              # of ExtraMount
+    "hook_command": list,              # []: this Python, -m hami_hook
+    "path": lambda: "",                # where it was read from
+}
+
+
 class Config:
-    runtime: List[str] = field(default_factory=lambda: list(DEFAULT_RUNTIMES))
-    state_dir: str = "/run/hami"
-    libvgpu: str = "/usr/local/lib/hami/libvgpu.so"
-    split_count: int = 10
-    memory_scaling: float = 1.0
-    default_memory_mib: int = 0        # 0: the whole card (after scaling)
-    default_cores: int = 0             # 0: no SM limit
-    policy: str = "binpack"
-    driver_root: str = "/"
-    dev_root: str = "/dev"
-    proc_devices: str = "/proc/devices"
-    nvml_library: str = ""             # "": the loader's libnvidia-ml.so.1
-    env_requests: bool = True
-    log_file: str = ""
-    log_level: str = "info"
-    extra_env: Dict[str, str] = field(default_factory=dict)
-    extra_mounts: List[ExtraMount] = field(default_factory=list)
-    hook_command: List[str] = field(default_factory=list)  # []: this Python, -m hami_hook
-    path: str = ""                     # where it was read from
+    """The validated config; read-only. Config(**values), the rest defaults."""
+    __slots__ = tuple(DEFAULTS)
+
+    def __init__(self, **values):
+        unknown = set(values) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"Config: unknown field {sorted(unknown)[0]!r}")
+        for name, default in DEFAULTS.items():
+            object.__setattr__(self, name, values[name] if name in values else default())
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Config is read-only: cannot set {name!r}")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"Config is read-only: cannot delete {name!r}")
+
+    def __eq__(self, other):
+        if type(other) is not Config:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in DEFAULTS)
+
+    __hash__ = None  # holds lists, as before
+
+    def __repr__(self):
+        return "Config(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in DEFAULTS) + ")"
 
 
 def _abs_path(key, value, allow_empty=False):
@@ -149,7 +178,7 @@ VALIDATORS = {
     "extra_mounts": _mounts,
     "hook_command": _command,
 }
-assert set(VALIDATORS) == {f.name for f in fields(Config)} - {"path"}
+assert set(VALIDATORS) == set(DEFAULTS) - {"path"}
 
 
 def from_mapping(raw: dict, path: str = "") -> Config:

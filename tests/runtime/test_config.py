@@ -99,3 +99,13 @@ def test_sim_config_matches_schema():
     cfg = config.from_mapping(raw)
     assert cfg.extra_env["HAMI_SIM_STATE"].startswith("/run/hami-sim/")
     assert os.path.isabs(cfg.nvml_library) and os.path.isabs(cfg.driver_root)
+
+
+def test_config_is_read_only_with_fresh_defaults():
+    a, b = config.Config(), config.Config()
+    assert a == b and a.runtime is not b.runtime and a.extra_env is not b.extra_env
+    assert config.Config(split_count=4) != a and "split_count=4" in repr(config.Config(split_count=4))
+    with pytest.raises(AttributeError):
+        a.split_count = 3
+    with pytest.raises(TypeError):
+        config.Config(no_such_key=1)

@@ -173,7 +173,7 @@ def test_passthrough_imports_nothing_heavy(node, args):
     imported = {name.split(".")[0] for name in modules}
     assert not imported & {"pydantic", "pynvml", "jsonschema", "cffi", "click"}
     # nor the modules that serve a GPU request only
-    assert not modules & {"tempfile", "hami_runtime.modifiers", "hami_runtime.store",
+    assert not modules & {"tempfile", "dataclasses", "hami_runtime.modifiers", "hami_runtime.store",
                           "hami_runtime.allocator", "hami_runtime.region", "hami_runtime.discovery"}
 
 
