@@ -21,61 +21,70 @@ static int launch_device_index(void)
     return -1;
 }
 
-#define LAUNCH(name, stream, ...)                                    \
-    do {                                                             \
-        __typeof__(&name) real_ = HAMI_REAL(name);                   \
-        if (!real_)                                                  \
-            return CUDA_ERROR_NOT_FOUND;                       \
-        if (hami_in_driver)                                          \
-            return real_(__VA_ARGS__);                               \
-        int dev_ = launch_device_index();                            \
-        hami_sm_before_launch(dev_, (stream));                       \
-        CUresult rc_ = HAMI_CALL(real_(__VA_ARGS__));                \
-        hami_sm_after_launch(dev_, (stream), rc_);                   \
-        return rc_;                                                  \
+/* The limiter records its events on `stream` with the legacy-stream entry points,
+ * so a NULL stream of a per-thread-default-stream launch (_ptsz) is named
+ * explicitly as CU_STREAM_PER_THREAD. */
+#define LIMITER_STREAM(stream, per_thread)                                                          \
+    ((stream) || !(per_thread) ? (stream) : CU_STREAM_PER_THREAD)
+
+#define LAUNCH(name, stream, ...)                                                                   \
+    do {                                                                                            \
+        __typeof__(&name) real_ = HAMI_REAL(name);                                                  \
+        if (!real_)                                                                                 \
+            return CUDA_ERROR_NOT_FOUND;                                                            \
+        if (hami_in_driver)                                                                         \
+            return real_(__VA_ARGS__);                                                              \
+        int dev_ = launch_device_index();                                                           \
+        hami_sm_before_launch(dev_, (stream));                                                      \
+        CUresult rc_ = HAMI_CALL(real_(__VA_ARGS__));                                               \
+        hami_sm_after_launch(dev_, (stream), rc_);                                                  \
+        return rc_;                                                                                 \
     } while (0)
 
 
-#define DEFINE_LAUNCH_KERNEL(name)                                                              \
-    HAMI_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,       \
-                              unsigned int gridDimZ, unsigned int blockDimX,                    \
-                              unsigned int blockDimY, unsigned int blockDimZ,                   \
-                              unsigned int sharedMemBytes, CUstream hStream,                    \
-                              void **kernelParams, void **extra)                                \
-    {                                                                                           \
-        LAUNCH(name, hStream, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, \
-               sharedMemBytes, hStream, kernelParams, extra);                                   \
+#define DEFINE_LAUNCH_KERNEL(name, per_thread)                                                      \
+    HAMI_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,           \
+                              unsigned int gridDimZ, unsigned int blockDimX,                        \
+                              unsigned int blockDimY, unsigned int blockDimZ,                       \
+                              unsigned int sharedMemBytes, CUstream hStream,                        \
+                              void **kernelParams, void **extra)                                    \
+    {                                                                                               \
+        LAUNCH(name, LIMITER_STREAM(hStream, per_thread), f, gridDimX, gridDimY, gridDimZ,          \
+               blockDimX, blockDimY, blockDimZ,                                                     \
+               sharedMemBytes, hStream, kernelParams, extra);                                       \
     }
 
-#define DEFINE_LAUNCH_COOPERATIVE(name)                                                         \
-    HAMI_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,       \
-                              unsigned int gridDimZ, unsigned int blockDimX,                    \
-                              unsigned int blockDimY, unsigned int blockDimZ,                   \
-                              unsigned int sharedMemBytes, CUstream hStream,                    \
-                              void **kernelParams)                                              \
-    {                                                                                           \
-        LAUNCH(name, hStream, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, \
-               sharedMemBytes, hStream, kernelParams);                                          \
+#define DEFINE_LAUNCH_COOPERATIVE(name, per_thread)                                                 \
+    HAMI_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,           \
+                              unsigned int gridDimZ, unsigned int blockDimX,                        \
+                              unsigned int blockDimY, unsigned int blockDimZ,                       \
+                              unsigned int sharedMemBytes, CUstream hStream,                        \
+                              void **kernelParams)                                                  \
+    {                                                                                               \
+        LAUNCH(name, LIMITER_STREAM(hStream, per_thread), f, gridDimX, gridDimY, gridDimZ,          \
+               blockDimX, blockDimY, blockDimZ,                                                     \
+               sharedMemBytes, hStream, kernelParams);                                              \
     }
 
-#define DEFINE_LAUNCH_EX(name)                                                                   \
-    HAMI_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **kernelParams,   \
-                              void **extra)                                                     \
-    {                                                                                            \
-        LAUNCH(name, config ? config->hStream : NULL, config, f, kernelParams, extra);          \
+#define DEFINE_LAUNCH_EX(name, per_thread)                                                          \
+    HAMI_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **kernelParams,      \
+                              void **extra)                                                         \
+    {                                                                                               \
+        LAUNCH(name, LIMITER_STREAM(config ? config->hStream : NULL, per_thread), config, f,        \
+               kernelParams, extra);                                                                \
     }
 
-#define DEFINE_GRAPH_LAUNCH(name)                                                                \
-    HAMI_EXPORT CUresult name(CUgraphExec hGraphExec, CUstream hStream)                          \
-    {                                                                                            \
-        LAUNCH(name, hStream, hGraphExec, hStream);                                              \
+#define DEFINE_GRAPH_LAUNCH(name, per_thread)                                                       \
+    HAMI_EXPORT CUresult name(CUgraphExec hGraphExec, CUstream hStream)                             \
+    {                                                                                               \
+        LAUNCH(name, LIMITER_STREAM(hStream, per_thread), hGraphExec, hStream);                     \
     }
 
-DEFINE_LAUNCH_KERNEL(cuLaunchKernel)
-DEFINE_LAUNCH_KERNEL(cuLaunchKernel_ptsz)
-DEFINE_LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel)
-DEFINE_LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
-DEFINE_LAUNCH_EX(cuLaunchKernelEx)
-DEFINE_LAUNCH_EX(cuLaunchKernelEx_ptsz)
-DEFINE_GRAPH_LAUNCH(cuGraphLaunch)
-DEFINE_GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+DEFINE_LAUNCH_KERNEL(cuLaunchKernel, 0)
+DEFINE_LAUNCH_KERNEL(cuLaunchKernel_ptsz, 1)
+DEFINE_LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel, 0)
+DEFINE_LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz, 1)
+DEFINE_LAUNCH_EX(cuLaunchKernelEx, 0)
+DEFINE_LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
+DEFINE_GRAPH_LAUNCH(cuGraphLaunch, 0)
+DEFINE_GRAPH_LAUNCH(cuGraphLaunch_ptsz, 1)
