@@ -5,7 +5,11 @@
 Runs on the simulated GPU (build/sim/hami.toml, state in a temp dir) with a
 busybox bundle and a private runc --root. Each pair of commands is timed
 alternately (runc, then hami-runtime) so that both see the same machine load.
-Prints a markdown table: median and p90 wall time in ms, added ms and ratio.
+Prints a markdown table: median and p90 wall time in ms, added ms and ratio,
+and the load average before and after (the numbers mean little on a busy box).
+hami-runtime is the C launcher as `make build` makes it (Python without site
+processing, the createRuntime hook in C); GPU creates after the first one find
+the discovery cache in the state dir, as on a node that has run a container.
 """
 import argparse
 import json
@@ -88,6 +92,7 @@ def main() -> int:
     if not SIM_CONFIG.exists():
         print("run `make build sim venv` first", file=sys.stderr)
         return 1
+    load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
     s = Setup(work)
     env = s.env
@@ -137,7 +142,8 @@ def main() -> int:
             "cycle": "`create` + `start` + `delete`, GPU request",
         }
         print(f"runtime latency, {n} iterations each, alternating runc / hami-runtime "
-              f"({HAMI[0]}; {os.cpu_count()} CPUs)\n")
+              f"({HAMI[0]}; {os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
+              f"{os.getloadavg()[0]:.2f} after)\n")
         print("| operation | runc median ms | hami median ms | runc p90 ms | hami p90 ms | added ms (median) | ratio |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for key, label in labels.items():
