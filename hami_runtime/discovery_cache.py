@@ -3,7 +3,8 @@ NVML (hundreds of ms on a real driver) or run ldconfig every time.
 
 An entry is used only while its key is what the node shows now, so it cannot
 be stale: the boot, the NVML library file (path, inode, size, times), both ld
-caches, the GPUs the kernel driver lists, the config values discovery reads
+caches, the GPUs the kernel driver lists, the nvidia* device nodes under the
+dev root, the config values discovery reads
 and the whole environment (LD_LIBRARY_PATH and the like; kept as a hash).
 Anything unreadable, unexpected or different is a miss: discover again and
 replace the entry atomically. A cache that cannot be written is not an error.
@@ -56,6 +57,21 @@ def _kernel_gpus():
         return None
 
 
+def _device_nodes(dev_root: str):
+    """The nvidia* nodes (name, device number): a GPU that comes or goes changes them."""
+    try:
+        names = sorted(n for n in os.listdir(dev_root) if n.startswith("nvidia"))
+    except OSError:
+        return None
+    nodes = []
+    for name in names:
+        try:
+            nodes.append([name, os.stat(os.path.join(dev_root, name)).st_rdev])
+        except OSError:
+            nodes.append([name, None])
+    return nodes
+
+
 def _environment_hash() -> str:
     text = json.dumps(sorted(os.environ.items()))
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
@@ -75,7 +91,7 @@ def _base_key(cfg) -> dict:
 def gpus_key(cfg, nvml_path: str) -> dict:
     return dict(_base_key(cfg), nvml_library=cfg.nvml_library,
                 nvml_file=_file_id(nvml_path) if nvml_path else None,
-                kernel_gpus=_kernel_gpus())
+                kernel_gpus=_kernel_gpus(), device_nodes=_device_nodes(cfg.dev_root))
 
 
 def driver_files_key(cfg) -> dict:

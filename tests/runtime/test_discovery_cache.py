@@ -128,3 +128,16 @@ def test_temps_of_killed_writers_are_removed(node):
     os.utime(old, (0, 0))
     probe(node)  # a miss writes, and sweeps what a killed writer left long ago
     assert not old.exists() and young.exists()
+
+
+def test_a_device_node_that_comes_or_goes_discovers_again(node):
+    dev = node.tmp / "dev"
+    dev.mkdir()
+    node.write_config(dev_root=str(dev))
+    first = probe(node)
+    assert first["nvml"] and not probe(node)["nvml"]
+    (dev / "nvidia7").symlink_to("/dev/null")  # a new card's node
+    assert probe(node)["nvml"]
+    assert not probe(node)["nvml"]
+    (dev / "nvidia7").unlink()
+    assert probe(node)["nvml"]
