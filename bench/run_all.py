@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ORDER = ["libvgpu_overhead.py", "sm_accuracy.py", "runtime_latency.py"]
+ORDER = ["libvgpu_overhead.py", "sm_accuracy.py", "runtime_latency.py", "runtime_allocator.py"]
 
 
 def main() -> int:
