@@ -18,7 +18,7 @@ def test_demo_runs_a_1gib_slice_and_cleans_up():
     assert re.search(r"^hami-runtime demo on the (simulated|real) GPU", out, re.M)
     assert "asks for hami.io/gpumem=1024" in out
     # nvidia-smi inside shows the slice as the card's memory.
-    assert re.search(r"\|\s+0\s.*\d+MiB/\s*1024MiB", out), out
+    assert re.search(r"\|\s+0\s.*\|\s+\d+/1024\s", out), out
     free = int(re.search(r"total 1024 MiB, free (\d+) MiB before filling", out).group(1))
     got = int(re.search(r"allocated (\d+) MiB; the next 1 MiB was refused: "
                         r"CUDA_ERROR_OUT_OF_MEMORY", out).group(1))

@@ -126,10 +126,10 @@ static int table(unsigned count)
     p_nvmlSystemGetDriverVersion(driver, sizeof driver);
     p_nvmlSystemGetCudaDriverVersion(&cuda);
     printf("+-----------------------------------------------------------------------------+\n");
-    printf("| NVIDIA-SMI %-16s Driver Version: %-12s CUDA Version: %2d.%-4d|\n", driver, driver,
+    printf("| NVIDIA-SMI %-14s Driver Version: %-12s CUDA Version: %2d.%-4d|\n", driver, driver,
            cuda / 1000, (cuda % 1000) / 10);
     printf("|-------------------------------+----------------------+----------------------+\n");
-    printf("| GPU  Name                     | Bus-Id               |  Memory-Usage  GPU-Util|\n");
+    printf("| GPU  Name                     | Bus-Id               | Memory MiB  GPU-Util |\n");
     printf("|===============================+======================+======================|\n");
     struct gpu gpus[64];
     if (count > 64)
@@ -137,13 +137,13 @@ static int table(unsigned count)
     for (unsigned i = 0; i < count; i++) {
         if (read_gpu(i, &gpus[i]) < 0)
             return 1;
-        printf("| %3u  %-24.24s | %-20s | %5lluMiB/%6lluMiB %3u%% |\n", i, gpus[i].name, gpus[i].pci.busId,
+        printf("| %3u  %-24.24s | %-20s | %5llu/%-6llu %6u%% |\n", i, gpus[i].name, gpus[i].pci.busId,
                gpus[i].mem.used / MIB, gpus[i].mem.total / MIB, gpus[i].util.gpu);
     }
     printf("+-----------------------------------------------------------------------------+\n\n");
     printf("+-----------------------------------------------------------------------------+\n");
     printf("| Processes:                                                                  |\n");
-    printf("|  GPU        PID   Type   Process name                          GPU Memory  |\n");
+    printf("|  GPU        PID   Type   Process name                          GPU Memory   |\n");
     printf("|=============================================================================|\n");
     int any = 0;
     for (unsigned i = 0; i < count; i++) {
@@ -160,7 +160,7 @@ static int table(unsigned count)
                     comm[strcspn(comm, "\n")] = '\0';
                 fclose(f);
             }
-            printf("|  %3u  %9u      C   %-36.36s %7lluMiB |\n", i, procs[k].pid, comm[0] ? comm : "N/A",
+            printf("|  %3u  %9u      C   %-39.39s %7lluMiB |\n", i, procs[k].pid, comm[0] ? comm : "N/A",
                    procs[k].usedGpuMemory / MIB);
         }
     }
