@@ -285,26 +285,20 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return rc;
 }
 
-static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
+/* Whether dev's charged primary context has just lost its last retain. */
+static int primary_gone(CUdevice dev)
 {
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (hami_in_driver)
-        return real(dev);
-    pthread_mutex_lock(&ctx_lock);
-    CUresult rc = HAMI_CALL(real(dev));
-    if (rc == CUDA_SUCCESS && dev >= 0 && dev < MAX_ORDINALS && primary[dev].charged) {
-        unsigned int flags = 0;
-        int active = 1;
-        CUresult (*state)(CUdevice, unsigned int *, int *) = HAMI_DRIVER(cuDevicePrimaryCtxGetState);
-        if (state && state(dev, &flags, &active) == CUDA_SUCCESS && !active)
-            drop_primary(dev);
-    }
-    pthread_mutex_unlock(&ctx_lock);
-    return rc;
+    if (dev < 0 || dev >= MAX_ORDINALS || !primary[dev].charged)
+        return 0;
+    unsigned int flags = 0;
+    int active = 1;
+    CUresult (*state)(CUdevice, unsigned int *, int *) = HAMI_DRIVER(cuDevicePrimaryCtxGetState);
+    return state && state(dev, &flags, &active) == CUDA_SUCCESS && !active;
 }
 
-static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
+/* Release or reset of a primary context: a reset always destroys it, so its
+ * charge goes; a release only when that was the last retain. */
+static CUresult primary_put(CUresult (*real)(CUdevice), CUdevice dev, int reset)
 {
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
@@ -312,7 +306,7 @@ static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
         return real(dev);
     pthread_mutex_lock(&ctx_lock);
     CUresult rc = HAMI_CALL(real(dev));
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS && (reset || primary_gone(dev)))
         drop_primary(dev);
     pthread_mutex_unlock(&ctx_lock);
     return rc;
@@ -320,22 +314,22 @@ static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
 
 HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    return primary_release(HAMI_REAL(cuDevicePrimaryCtxRelease_v2), dev);
+    return primary_put(HAMI_REAL(cuDevicePrimaryCtxRelease_v2), dev, 0);
 }
 
 HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-    return primary_release(HAMI_REAL(cuDevicePrimaryCtxRelease), dev);
+    return primary_put(HAMI_REAL(cuDevicePrimaryCtxRelease), dev, 0);
 }
 
 HAMI_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    return primary_reset(HAMI_REAL(cuDevicePrimaryCtxReset_v2), dev);
+    return primary_put(HAMI_REAL(cuDevicePrimaryCtxReset_v2), dev, 1);
 }
 
 HAMI_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 {
-    return primary_reset(HAMI_REAL(cuDevicePrimaryCtxReset), dev);
+    return primary_put(HAMI_REAL(cuDevicePrimaryCtxReset), dev, 1);
 }
 
 /* ---- created contexts ---- */
