@@ -80,6 +80,16 @@ def _split_flag(arg: str):
     return name, (value if eq else None)
 
 
+def _flag_value(argv: List[str], i: int, name: str, value: Optional[str]):
+    """The value of the value-taking flag at argv[i], inline ('--a=b') or the
+    next argument; returns it with the index of the last argument it used."""
+    if value is not None:
+        return value, i
+    if i + 1 >= len(argv):
+        raise HamiError(f"--{name}", "", "flag needs a value")
+    return argv[i + 1], i + 1
+
+
 def parse(argv: List[str]) -> Invocation:
     """Parse runc's argv (without the program name). Only the global flags and
     the flags of create/run/delete are understood; the rest is kept verbatim."""
@@ -90,12 +100,7 @@ def parse(argv: List[str]) -> Invocation:
         if name is None:
             break
         if name in GLOBAL_VALUE_FLAGS:
-            if value is None:
-                if i + 1 >= len(argv):
-                    raise HamiError(f"--{name}", "", "flag needs a value")
-                value = argv[i + 1]
-                i += 1
-            inv.global_flags[name] = value
+            inv.global_flags[name], i = _flag_value(argv, i, name, value)
         elif name in GLOBAL_BOOL_FLAGS:
             inv.global_flags[name] = "true" if value is None else value
         else:
@@ -119,12 +124,7 @@ def parse(argv: List[str]) -> Invocation:
         if name is None:
             inv.positional.append(arg)
         elif name in value_flags:
-            if value is None:
-                if i + 1 >= len(argv):
-                    raise HamiError(f"--{name}", "", "flag needs a value")
-                value = argv[i + 1]
-                i += 1
-            inv.command_flags[name] = value
+            inv.command_flags[name], i = _flag_value(argv, i, name, value)
         else:
             inv.command_flags[name] = "true" if value is None else value
         i += 1
