@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SIM_CONFIG = ROOT / "build" / "sim" / "hami.toml"
+from sim_runtime import private_config, sim_config_missing
+
 MEM_MIB = 1500
 
 
@@ -46,14 +46,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--processes", type=int, default=100)
     n = parser.parse_args().processes
-    if not SIM_CONFIG.exists():
-        print("run `make build sim venv` first", file=sys.stderr)
+    if sim_config_missing():
         return 1
     work = Path(tempfile.mkdtemp(prefix="hami-alloc-bench-"))
     try:
-        config = work / "hami.toml"
-        config.write_text(SIM_CONFIG.read_text().replace(
-            str(ROOT / "build" / "sim" / "state"), str(work / "state")))
+        config = private_config(work)
         os.environ["HAMI_SIM_STATE"] = str(work / "sim.state")
         from hami_runtime import config as config_mod
         from hami_runtime.discovery import load_gpus

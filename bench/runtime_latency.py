@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SIM_CONFIG = ROOT / "build" / "sim" / "hami.toml"
+from sim_runtime import ROOT, private_config, sim_config_missing
+
 # What an engine calls: the C launcher (make build) in front of the Python runtime.
 LAUNCHER = ROOT / "build" / "hami-runtime"
 PY_ENTRY = [str(ROOT / ".venv" / "bin" / "hami-runtime")]
@@ -69,9 +69,7 @@ class Setup:
         self.template = json.loads((work / "config.json").read_text())
         self.template["process"]["terminal"] = False
         self.template["root"] = {"path": str(self.rootfs), "readonly": False}
-        config = work / "hami.toml"
-        config.write_text(SIM_CONFIG.read_text().replace(
-            str(ROOT / "build" / "sim" / "state"), str(work / "state")))
+        config = private_config(work)
         (work / "simstate").mkdir()
         config.write_text(config.read_text().replace(
             f'"{ROOT / "build" / "sim" / "shared"}"', f'"{work / "simstate"}"'))
@@ -101,8 +99,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=20)
     n = parser.parse_args().iterations
-    if not SIM_CONFIG.exists():
-        print("run `make build sim venv` first", file=sys.stderr)
+    if sim_config_missing():
         return 1
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
