@@ -49,6 +49,17 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: flo
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def filled_to_the_limit(out: str, limit_mib: int) -> int:
+    """Checks the output of `vgpu-probe fill` under a limit of limit_mib: it filled
+    the device to what cuMemGetInfo called free (less at most 2 MiB of rounding)
+    and the next MiB was refused as out of memory. Returns the MiB it got."""
+    free = int(re.search(rf"total {limit_mib} MiB, free (\d+) MiB before filling", out).group(1))
+    got = int(re.search(r"allocated (\d+) MiB; the next 1 MiB was refused: "
+                        r"CUDA_ERROR_OUT_OF_MEMORY", out).group(1))
+    assert free - 2 <= got <= free
+    return got
+
+
 # ---- engines -------------------------------------------------------------------
 
 @pytest.fixture(scope="session")

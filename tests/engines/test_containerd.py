@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tests.engines.containerd_engine import pod_example, running_containerd
-from tests.engines.conftest import wait_for
+from tests.engines.conftest import filled_to_the_limit, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -37,10 +37,7 @@ def test_pod_annotations_give_the_limits(containerd, hami):
     result = containerd.run_gpu("hami-ctr-pod", annotations, *command)
     assert result.returncode == 0, result.stderr
     mib = int(annotations["hami.io/gpumem"])
-    free = int(re.search(rf"total {mib} MiB, free (\d+) MiB before filling", result.stdout).group(1))
-    got = int(re.search(r"allocated (\d+) MiB; the next 1 MiB was refused: "
-                        r"CUDA_ERROR_OUT_OF_MEMORY", result.stdout).group(1))
-    assert free - 2 <= got <= free
+    filled_to_the_limit(result.stdout, mib)
     hami.assert_nothing_allocated()
 
 
