@@ -17,6 +17,22 @@ from . import top
 
 DEVICE_LABELS = ["container", "device", "uuid"]
 
+# One sample per container and device: (family, name, help, value of container c, device d).
+DEVICE_METRICS = (
+    (GaugeMetricFamily, "hami_container_memory_used_bytes",
+     "Device memory charged to the container", lambda c, d: d.mem_used_bytes),
+    (GaugeMetricFamily, "hami_container_memory_limit_bytes",
+     "Device memory limit of the container (0: none)", lambda c, d: d.mem_limit_bytes),
+    (GaugeMetricFamily, "hami_container_sm_limit_percent",
+     "SM share of the container (0 or 100: none)", lambda c, d: d.sm_limit_pct),
+    (CounterMetricFamily, "hami_container_sm_busy_seconds",
+     "Kernel time measured for the container; its rate is the SM use",
+     lambda c, d: d.sm_busy_ns / 1e9),
+    (GaugeMetricFamily, "hami_container_processes",
+     "Processes of the container using the device",
+     lambda c, d: sum(1 for p in c.processes if p.uses(d.index))),
+)
+
 
 class RegionCollector:
     """A custom collector: one pass over the regions per scrape."""
@@ -25,20 +41,8 @@ class RegionCollector:
         self.state_dir = state_dir
 
     def collect(self) -> Iterator:
-        used = GaugeMetricFamily("hami_container_memory_used_bytes",
-                                 "Device memory charged to the container", labels=DEVICE_LABELS)
-        limit = GaugeMetricFamily("hami_container_memory_limit_bytes",
-                                  "Device memory limit of the container (0: none)",
-                                  labels=DEVICE_LABELS)
-        sm_limit = GaugeMetricFamily("hami_container_sm_limit_percent",
-                                     "SM share of the container (0 or 100: none)",
-                                     labels=DEVICE_LABELS)
-        busy = CounterMetricFamily("hami_container_sm_busy_seconds",
-                                   "Kernel time measured for the container; its rate is the SM use",
-                                   labels=DEVICE_LABELS)
-        procs = GaugeMetricFamily("hami_container_processes",
-                                  "Processes of the container using the device",
-                                  labels=DEVICE_LABELS)
+        per_device = [(family(name, help_text, labels=DEVICE_LABELS), value)
+                      for family, name, help_text, value in DEVICE_METRICS]
         readable = GaugeMetricFamily("hami_container_region_readable",
                                      "1 when the container's region could be read",
                                      labels=["container"])
@@ -46,12 +50,10 @@ class RegionCollector:
             readable.add_metric([c.id], 0 if c.error else 1)
             for d in c.devices:
                 labels = [c.id, str(d.index), d.uuid]
-                used.add_metric(labels, d.mem_used_bytes)
-                limit.add_metric(labels, d.mem_limit_bytes)
-                sm_limit.add_metric(labels, d.sm_limit_pct)
-                busy.add_metric(labels, d.sm_busy_ns / 1e9)
-                procs.add_metric(labels, sum(1 for p in c.processes if p.uses(d.index)))
-        yield from (used, limit, sm_limit, busy, procs, readable)
+                for metric, value in per_device:
+                    metric.add_metric(labels, value(c, d))
+        yield from (metric for metric, _ in per_device)
+        yield readable
 
 
 def parse_listen(value: str) -> Tuple[str, int]:
