@@ -20,7 +20,7 @@ from .errors import HamiError
 
 DEFAULT_PATH = "/etc/hami/config.toml"
 DEFAULT_RUNTIMES = ["/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc"]
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ExtraMount(NamedTuple):
@@ -126,7 +126,7 @@ def _env(key, value):
     if not isinstance(value, dict):
         raise HamiError(f"config {key}", value, "must be a table of NAME = \"value\"")
     for name, item in value.items():
-        if not ENV_NAME.match(name) or not isinstance(item, str):
+        if not ENV_NAME.fullmatch(name) or not isinstance(item, str):
             raise HamiError(f"config {key}.{name}", item, "must be NAME = \"string\"")
     return dict(value)
 

@@ -13,8 +13,8 @@ from .errors import HamiError
 from .request_keys import ENV_KEYS, KEYS, PREFIXES, REQUEST_KEYS
 
 MAX_GPUS = 16
-_NUMBER = re.compile(r"^[0-9]{1,10}$")
-_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}$")
+_NUMBER = re.compile(r"[0-9]{1,10}")
+_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
 
 
 class AssignedDevice(BaseModel):
@@ -47,7 +47,7 @@ class GpuRequest(BaseModel):
 
 def number(key: str, value: str, low: int, high: int) -> int:
     text = value.strip()
-    if not _NUMBER.match(text):
+    if not _NUMBER.fullmatch(text):
         raise HamiError(key, value, "not a whole number")
     result = int(text)
     if not low <= result <= high:
@@ -60,7 +60,7 @@ def uuid_list(key: str, value: str) -> Tuple[str, ...]:
     if not items:
         raise HamiError(key, value, "empty list of UUIDs")
     for item in items:
-        if not _UUID.match(item):
+        if not _UUID.fullmatch(item):
             raise HamiError(key, value, f"not a GPU UUID: {item!r}")
     return items
 
@@ -87,7 +87,7 @@ def parse_assigned(key: str, value: str) -> Tuple[AssignedDevice, ...]:
         if len(parts) != 4:
             raise HamiError(key, value, f"device entry {entry!r} is not UUID,NVIDIA,<MiB>,<cores>")
         uuid, vendor, mem, cores = parts
-        if not _UUID.match(uuid):
+        if not _UUID.fullmatch(uuid):
             raise HamiError(key, value, f"not a GPU UUID: {uuid!r}")
         if vendor.upper() != "NVIDIA":
             raise HamiError(key, value, f"device vendor {vendor!r} is not NVIDIA")
@@ -197,7 +197,7 @@ def from_env(env: Dict[str, str]) -> Optional[GpuRequest]:
         for item in items:
             if item.isdigit():
                 indices.append(number("NVIDIA_VISIBLE_DEVICES", item, 0, 1023))
-            elif _UUID.match(item) and item.upper().startswith("GPU-"):
+            elif _UUID.fullmatch(item) and item.upper().startswith("GPU-"):
                 uuids.append(item)
             else:
                 raise HamiError("NVIDIA_VISIBLE_DEVICES", visible,
