@@ -9,7 +9,7 @@ CC ?= gcc
 CUDA_INCLUDE ?= /usr/local/cuda/include
 BASE_CFLAGS := -O2 -g -fPIC -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE
 
-.PHONY: all build sim deps venv test demo bench install clean
+.PHONY: all build sim deps venv clients test demo bench install clean
 all: build
 
 include mk/*.mk
