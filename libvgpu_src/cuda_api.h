@@ -275,6 +275,7 @@ CUresult cuInit(unsigned int Flags);
 CUresult cuDriverGetVersion(int *driverVersion);
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 CUresult cuGetErrorString(CUresult error, const char **pStr);
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbolStatus);

@@ -47,6 +47,7 @@ static CUresult ctx_start(struct sim_ctx *c)
 static void ctx_stop(struct sim_ctx *c)
 {
     sim_ctx_sync(c);
+    sim_ctx_cls_destroy(c);
     c->active = 0;
     sim_ctx_streams_destroy(c);
     c->null_stream = NULL;
@@ -66,6 +67,29 @@ static void remove_from_stack(CUcontext ctx)
     ctx_depth = w;
 }
 
+/* The primary context object exists from its first mention on; it is active while retained. */
+static struct sim_ctx *primary_locked(int dev)
+{
+    struct sim_ctx *c = primary[dev];
+    if (!c && (c = calloc(1, sizeof *c))) {
+        c->dev = dev;
+        c->primary = 1;
+        primary[dev] = c;
+        sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
+    }
+    return c;
+}
+
+struct sim_ctx *sim_ctx_primary(int dev)
+{
+    if (!valid_device(dev))
+        return NULL;
+    pthread_mutex_lock(&ctx_lock);
+    struct sim_ctx *c = primary_locked(dev);
+    pthread_mutex_unlock(&ctx_lock);
+    return c;
+}
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     SIM_REQUIRE_INIT();
@@ -75,15 +99,10 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&ctx_lock);
-    struct sim_ctx *c = primary[dev];
-    if (!c) {
-        c = calloc(1, sizeof *c);
-        c->dev = dev;
-        c->primary = 1;
-        primary[dev] = c;
-        sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
-    }
-    if (c->refcount == 0)
+    struct sim_ctx *c = primary_locked(dev);
+    if (!c)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (c->refcount == 0)
         rc = ctx_start(c);
     if (rc == CUDA_SUCCESS) {
         c->refcount++;
@@ -149,16 +168,11 @@ CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&ctx_lock);
-    if (!primary[dev]) {
-        struct sim_ctx *c = calloc(1, sizeof *c);
-        c->dev = dev;
-        c->primary = 1;
-        primary[dev] = c;
-        sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
-    }
-    primary[dev]->flags = flags;
+    struct sim_ctx *c = primary_locked(dev);
+    if (c)
+        c->flags = flags;
     pthread_mutex_unlock(&ctx_lock);
-    return CUDA_SUCCESS;
+    return c ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return cuDevicePrimaryCtxSetFlags_v2(dev, flags); }

@@ -8,6 +8,8 @@
  */
 #include "sim.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define SIM_PROCS(X) \
@@ -103,7 +105,12 @@
     X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, NULL) \
     X(cuGraphLaunch, cuGraphLaunch, 10000, cuGraphLaunch_ptsz) \
     X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, NULL) \
-    X(cuGraphDestroy, cuGraphDestroy, 10000, NULL)
+    X(cuGraphDestroy, cuGraphDestroy, 10000, NULL) \
+    SIM_PROCS_RUNTIME(X)
+
+/* What the CUDA runtime (libcudart) and CuPy reach beyond the rows above. */
+#define SIM_PROCS_RUNTIME(X) \
+    X(cuGetExportTable, cuGetExportTable, 3000, NULL)
 
 struct proc_row { const char *name; void *fn; int min_version; void *per_thread; };
 
@@ -132,6 +139,8 @@ static CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint6
         *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->per_thread ? best->per_thread
                                                                                             : best->fn;
     }
+    if (!best && getenv("HAMI_SIM_TRACE"))
+        fprintf(stderr, "hami-sim: cuGetProcAddress(%s, %d): not provided\n", symbol, cudaVersion);
     if (status)
         *status = st;
     return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;

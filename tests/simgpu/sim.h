@@ -131,6 +131,7 @@ struct sim_ctx {
     int refcount;                        /* primary contexts: retain count */
     unsigned flags;
     struct sim_stream *null_stream;      /* legacy and per-thread default stream */
+    struct sim_cls *cls;                 /* context-local storage (cu_export.c) */
 };
 
 struct sim_alloc {
@@ -150,6 +151,13 @@ extern int sim_cuda_initialised;
 struct sim_ctx *sim_ctx_check(CUcontext ctx);     /* NULL unless a live context */
 struct sim_ctx *sim_ctx_current(void);            /* NULL when none or not live */
 CUresult sim_ctx_current_checked(struct sim_ctx **out);
+/* The device's primary context, made (inactive) if it does not exist yet; NULL for a bad ordinal. */
+struct sim_ctx *sim_ctx_primary(int dev);
+/* cu_export.c: calls the destructors of a context's local storage and empties it */
+void sim_ctx_cls_destroy(struct sim_ctx *ctx);
+const void *const *sim_export_runtime_table(void);
+/* cu_export_check.c: the runtime's driver check table */
+const void *const *sim_export_check_table(void);
 /* cu_memory.c */
 CUresult sim_alloc_device(struct sim_ctx *ctx, size_t size, CUdeviceptr *out);
 void sim_free_ctx_allocations(struct sim_ctx *ctx);
