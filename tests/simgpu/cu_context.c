@@ -231,6 +231,14 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
+/* A primary context can be made current while it is inactive, as on the real driver (the
+ * runtime does so before retaining it); calls in it fail until it is retained. */
+static int ctx_known(CUcontext ctx)
+{
+    struct sim_ctx *c = sim_handle_get((uintptr_t)ctx, SIM_KIND_CTX);
+    return c && (c->active || c->primary);
+}
+
 CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     SIM_REQUIRE_INIT();
@@ -248,7 +256,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
             ctx_depth--;
         return CUDA_SUCCESS;
     }
-    if (!sim_ctx_check(ctx))
+    if (!ctx_known(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     if (ctx_depth == 0)
         ctx_depth = 1;
@@ -259,7 +267,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
 CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     SIM_REQUIRE_INIT();
-    if (!sim_ctx_check(ctx))
+    if (!ctx_known(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     if (ctx_depth >= CTX_STACK_MAX)
         return CUDA_ERROR_OUT_OF_MEMORY;
