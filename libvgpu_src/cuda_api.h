@@ -29,6 +29,7 @@
     X(CUDA_ERROR_UNMAP_FAILED, 206, "unmapping of buffer object failed") \
     X(CUDA_ERROR_ALREADY_MAPPED, 208, "resource already mapped") \
     X(CUDA_ERROR_NOT_MAPPED, 211, "resource not mapped") \
+    X(CUDA_ERROR_INVALID_PTX, 218, "a PTX JIT compilation failed") \
     X(CUDA_ERROR_INVALID_SOURCE, 300, "device kernel image is invalid") \
     X(CUDA_ERROR_FILE_NOT_FOUND, 301, "file not found") \
     X(CUDA_ERROR_OPERATING_SYSTEM, 304, "OS call failed or operation not supported on this OS") \
@@ -40,6 +41,8 @@
     X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, 701, "too many resources requested for launch") \
     X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, 708, "primary context active") \
     X(CUDA_ERROR_CONTEXT_IS_DESTROYED, 709, "context is destroyed") \
+    X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, 712, "part or all of the requested memory range is already mapped") \
+    X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, 713, "pointer does not correspond to a registered memory region") \
     X(CUDA_ERROR_LAUNCH_FAILED, 719, "unspecified launch failure") \
     X(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, 720, "too many blocks in cooperative launch") \
     X(CUDA_ERROR_NOT_PERMITTED, 800, "operation not permitted") \
@@ -419,5 +422,116 @@ CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 CUresult cuGraphDestroy(CUgraph hGraph);
+
+/* ---- what the CUDA runtime (libcudart) and CuPy reach beyond the above ---- */
+#ifndef HAMI_CHECK_AGAINST_CUDA_H
+typedef enum CUpointer_attribute_enum {
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+    CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+    CU_POINTER_ATTRIBUTE_P2P_TOKENS = 5,
+    CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6,
+    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+    CU_POINTER_ATTRIBUTE_MAPPED = 13,
+    CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
+    CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
+    CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
+    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
+    CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18,
+    CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19,
+    CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID = 20
+} CUpointer_attribute;
+typedef enum CUmemorytype_enum {
+    CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3, CU_MEMORYTYPE_UNIFIED = 4
+} CUmemorytype;
+typedef enum CUfunction_attribute_enum {
+    CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+    CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
+    CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES = 2,
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+    CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+    CU_FUNC_ATTRIBUTE_PTX_VERSION = 5,
+    CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
+    CU_FUNC_ATTRIBUTE_CACHE_MODE_CA = 7,
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9,
+    CU_FUNC_ATTRIBUTE_MAX = 16
+} CUfunction_attribute;
+typedef enum CUlimit_enum { CU_LIMIT_STACK_SIZE = 0, CU_LIMIT_MAX = 10 } CUlimit;
+typedef enum CUfunc_cache_enum { CU_FUNC_CACHE_PREFER_NONE = 0, CU_FUNC_CACHE_PREFER_EQUAL = 3 } CUfunc_cache;
+typedef enum CUstreamCaptureStatus_enum { CU_STREAM_CAPTURE_STATUS_NONE = 0 } CUstreamCaptureStatus;
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
+typedef void (*CUhostFn)(void *userData);
+typedef size_t (*CUoccupancyB2DSize)(int blockSize);
+#endif
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                CUdeviceptr ptr);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
+CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p);
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
+CUresult cuMemHostUnregister(void *p);
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpy, ptds, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoD_v2, ptds, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyAsync, ptsz, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyHtoDAsync_v2, ptsz,
+                  (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoHAsync_v2, ptsz,
+                  (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoDAsync_v2, ptsz,
+                  (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD16_v2, ptds, (CUdeviceptr dstDevice, unsigned short us, size_t N))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD32_v2, ptds, (CUdeviceptr dstDevice, unsigned int ui, size_t N))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD8Async, ptsz, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD16Async, ptsz,
+                  (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD32Async, ptsz,
+                  (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream))
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
+CUresult cuCtxGetFlags(unsigned int *flags);
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit);
+CUresult cuCtxSetLimit(CUlimit limit, size_t value);
+CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig);
+CUresult cuCtxSetCacheConfig(CUfunc_cache config);
+CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+HAMI_DECLARE_PTSZ(CUresult, cuStreamGetPriority, ptsz, (CUstream hStream, int *priority))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamGetFlags, ptsz, (CUstream hStream, unsigned int *flags))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamGetCtx, ptsz, (CUstream hStream, CUcontext *pctx))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamGetId, ptsz, (CUstream hStream, unsigned long long *streamId))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamWaitEvent, ptsz, (CUstream hStream, CUevent hEvent, unsigned int Flags))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamAddCallback, ptsz,
+                  (CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags))
+HAMI_DECLARE_PTSZ(CUresult, cuLaunchHostFunc, ptsz, (CUstream hStream, CUhostFn fn, void *userData))
+HAMI_DECLARE_PTSZ(CUresult, cuEventRecordWithFlags, ptsz, (CUevent hEvent, CUstream hStream, unsigned int flags))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamIsCapturing, ptsz, (CUstream hStream, CUstreamCaptureStatus *captureStatus))
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc);
+CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value);
+CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config);
+CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                     size_t dynamicSMemSize);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
+                                                              size_t dynamicSMemSize, unsigned int flags);
+CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+                                          CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize,
+                                          int blockSizeLimit);
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func,
+                                                   CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                   size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags);
 
 #endif /* HAMI_CUDA_API_H */

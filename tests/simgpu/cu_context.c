@@ -312,3 +312,116 @@ CUresult cuCtxSynchronize(void)
     sim_pools_sync_trim(c->dev);
     return CUDA_SUCCESS;
 }
+
+/* ---- context queries the CUDA runtime makes ---- */
+
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    SIM_REQUIRE_INIT();
+    if (!version)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(ctx ? sim_ctx_check(ctx) : sim_ctx_current()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 3020;  /* every context is made through the 3.2+ API */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = c->flags;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_ctx *c = ctx ? sim_ctx_check(ctx) : sim_ctx_current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctxId)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ctxId = (uintptr_t)c;
+    return CUDA_SUCCESS;
+}
+
+/* Limits as the driver starts them on an H100-like part; set values are kept per context. */
+static const size_t limit_defaults[CU_LIMIT_MAX] = {1024, 1048576, 8388608, 2, 2048, 64, 0, 0, 0, 0};
+
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pvalue || (unsigned)limit >= CU_LIMIT_MAX)
+        return CUDA_ERROR_INVALID_VALUE;  /* CUDA_ERROR_UNSUPPORTED_LIMIT is for known limits */
+    *pvalue = c->limit_set[limit] ? c->limits[limit] : limit_defaults[limit];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((unsigned)limit >= CU_LIMIT_MAX || limit >= 7)  /* the CIG limits can only be read */
+        return CUDA_ERROR_INVALID_VALUE;
+    c->limits[limit] = value;
+    c->limit_set[limit] = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pconfig)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pconfig = (CUfunc_cache)c->cache_config;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCacheConfig(CUfunc_cache config)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((unsigned)config > CU_FUNC_CACHE_PREFER_EQUAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    c->cache_config = config;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (leastPriority)
+        *leastPriority = 0;
+    if (greatestPriority)
+        *greatestPriority = -5;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    SIM_REQUIRE_INIT();
+    if (!canAccessPeer)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev) || !valid_device(peerDev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *canAccessPeer = 0;  /* no peer mappings between simulated cards */
+    return CUDA_SUCCESS;
+}

@@ -1,16 +1,23 @@
-/* Driver API: modules, kernel launches and kernel graphs. Any image loads and any
- * name resolves; a kernel's first parameter is its duration in microseconds
- * (uint64), and it runs for that long on its stream's device. */
+/* Driver API: modules, kernel launches and kernel graphs. Modules are read as the
+ * driver reads them (sim_image.c): cuModuleGetFunction finds only the kernels an
+ * image holds. A kernel of a simulator test image takes its duration in
+ * microseconds as its first parameter (uint64); a kernel of a real image (fat
+ * binary, cubin, PTX) runs for the configured `kernel_us`. Either way it occupies
+ * its stream's device for that long. */
 #include "sim.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-struct sim_module { struct sim_ctx *ctx; };
-struct sim_func { struct sim_module *mod; };
+struct sim_module { struct sim_ctx *ctx; struct sim_image image; };
+struct sim_func {
+    struct sim_module *mod;
+    const char *name;
+    int max_dynamic_shared, carveout, cache_config;   /* the attributes a caller may set */
+};
 
-static CUresult load_module(CUmodule *module)
+static CUresult load_module(CUmodule *module, const void *image)
 {
     struct sim_ctx *ctx;
     CUresult rc = sim_ctx_current_checked(&ctx);
@@ -19,6 +26,11 @@ static CUresult load_module(CUmodule *module)
     struct sim_module *m = calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    rc = sim_image_parse(image, &m->image);
+    if (rc != CUDA_SUCCESS) {
+        free(m);
+        return rc;
+    }
     m->ctx = ctx;
     sim_handle_put((uintptr_t)m, SIM_KIND_MODULE, m);
     *module = (CUmodule)m;
@@ -30,10 +42,29 @@ CUresult cuModuleLoad(CUmodule *module, const char *fname)
     SIM_REQUIRE_INIT();
     if (!module || !fname)
         return CUDA_ERROR_INVALID_VALUE;
-    struct stat st;
-    if (stat(fname, &st) != 0)
+    FILE *f = fopen(fname, "rb");
+    if (!f)
         return CUDA_ERROR_FILE_NOT_FOUND;
-    return load_module(module);
+    char *data = NULL;
+    size_t len = 0, cap = 0, n;
+    do {
+        if (len + 65536 + 1 > cap) {
+            char *grown = realloc(data, cap = (len + 65536 + 1) * 2);
+            if (!grown) {
+                free(data);
+                fclose(f);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            data = grown;
+        }
+        n = fread(data + len, 1, 65536, f);
+        len += n;
+    } while (n > 0);
+    fclose(f);
+    data[len] = '\0';  /* PTX text */
+    CUresult rc = load_module(module, data);
+    free(data);  /* the module keeps what it read, not the bytes */
+    return rc;
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
@@ -41,7 +72,7 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
     SIM_REQUIRE_INIT();
     if (!module || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    return load_module(module);
+    return load_module(module, image);
 }
 
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
@@ -53,8 +84,18 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int nu
     return cuModuleLoadData(module, image);
 }
 
+struct func_key { struct sim_module *mod; const char *name; };
+
 static int func_of_module(void *val, void *arg) { return ((struct sim_func *)val)->mod == arg; }
 
+static int same_func(void *val, void *arg)
+{
+    struct sim_func *f = val;
+    struct func_key *k = arg;
+    return f->mod == k->mod && !strcmp(f->name, k->name);
+}
+
+/* One handle per kernel and module, as the driver returns the same CUfunction each time. */
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
     SIM_REQUIRE_INIT();
@@ -63,13 +104,31 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!hfunc || !name)
         return CUDA_ERROR_INVALID_VALUE;
-    struct sim_func *f = calloc(1, sizeof *f);
-    if (!f)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    f->mod = m;
-    sim_handle_put((uintptr_t)f, SIM_KIND_FUNC, f);
+    const char *kernel = sim_image_kernel(&m->image, name);
+    if (!kernel && !m->image.opaque)
+        return CUDA_ERROR_NOT_FOUND;
+    struct func_key key = {m, name};
+    struct sim_func *f = sim_handle_find(SIM_KIND_FUNC, same_func, &key);
+    if (!f) {
+        char *own = kernel ? NULL : strdup(name);
+        if (!(f = calloc(1, sizeof *f)) || (!kernel && !own)) {
+            free(f);
+            free(own);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *f = (struct sim_func){.mod = m, .name = kernel ? kernel : own, .max_dynamic_shared = 49152,
+                               .carveout = -1};
+        sim_handle_put((uintptr_t)f, SIM_KIND_FUNC, f);
+    }
     *hfunc = (CUfunction)f;
     return CUDA_SUCCESS;
+}
+
+static void func_free(struct sim_func *f)
+{
+    if (!sim_image_kernel(&f->mod->image, f->name))
+        free((char *)f->name);
+    free(f);
 }
 
 CUresult cuModuleUnload(CUmodule hmod)
@@ -81,11 +140,152 @@ CUresult cuModuleUnload(CUmodule hmod)
     struct sim_func *f;
     while ((f = sim_handle_find(SIM_KIND_FUNC, func_of_module, m))) {
         sim_handle_take((uintptr_t)f, SIM_KIND_FUNC);
-        free(f);
+        func_free(f);
     }
+    sim_image_free(&m->image);
     free(m);
     return CUDA_SUCCESS;
 }
+
+/* ---- kernel attributes and occupancy, for an H100-like SM ---- */
+
+#define SM_THREADS 2048
+#define SM_BLOCKS 32
+#define SM_SHARED (228 * 1024)
+#define BLOCK_SHARED_OPTIN (227 * 1024)
+
+CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_func *f = sim_handle_get((uintptr_t)hfunc, SIM_KIND_FUNC);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = 32; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *pi = 90; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *pi = f->max_dynamic_shared; break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *pi = f->carveout; break;
+    default:
+        if ((unsigned)attrib >= CU_FUNC_ATTRIBUTE_MAX)
+            return CUDA_ERROR_INVALID_VALUE;
+        *pi = 0;  /* no static shared, constant or local memory; no cluster requirements */
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_func *f = sim_handle_get((uintptr_t)hfunc, SIM_KIND_FUNC);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (attrib == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && value >= 0 && value <= BLOCK_SHARED_OPTIN)
+        f->max_dynamic_shared = value;
+    else if (attrib == CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT && value >= -1 && value <= 100)
+        f->carveout = value;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_func *f = sim_handle_get((uintptr_t)hfunc, SIM_KIND_FUNC);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if ((unsigned)config > CU_FUNC_CACHE_PREFER_EQUAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    f->cache_config = config;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetName(const char **name, CUfunction hfunc)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_func *f = sim_handle_get((uintptr_t)hfunc, SIM_KIND_FUNC);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+/* Resident blocks of `block` threads with `shared` bytes each on one SM. */
+static int blocks_per_sm(int block, size_t shared)
+{
+    int warps = (block + 31) / 32;
+    int by_threads = SM_THREADS / (warps * 32);
+    int n = by_threads < SM_BLOCKS ? by_threads : SM_BLOCKS;
+    if (shared && (size_t)n > SM_SHARED / shared)
+        n = (int)(SM_SHARED / shared);
+    return n;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
+                                                              size_t dynamicSMemSize, unsigned int flags)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_func *f = sim_handle_get((uintptr_t)func, SIM_KIND_FUNC);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!numBlocks || blockSize <= 0 || flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    *numBlocks = blockSize > 1024 || dynamicSMemSize > (size_t)f->max_dynamic_shared
+                     ? 0 : blocks_per_sm(blockSize, dynamicSMemSize);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                     size_t dynamicSMemSize)
+{
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize, dynamicSMemSize, 0);
+}
+
+/* The block size (a multiple of the warp) that keeps the most threads resident; the largest on a tie. */
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func,
+                                                   CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                   size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_func *f = sim_handle_get((uintptr_t)func, SIM_KIND_FUNC);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!minGridSize || !blockSize || flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    int limit = blockSizeLimit <= 0 || blockSizeLimit > 1024 ? 1024 : blockSizeLimit;
+    int best = 0, best_blocks = 0, best_threads = 0;
+    for (int b = limit / 32 * 32; b >= 32; b -= 32) {
+        size_t shared = blockSizeToDynamicSMemSize ? blockSizeToDynamicSMemSize(b) : dynamicSMemSize;
+        if (shared > (size_t)f->max_dynamic_shared)
+            continue;
+        int n = blocks_per_sm(b, shared);
+        if (n * b > best_threads) {
+            best = b;
+            best_blocks = n;
+            best_threads = n * b;
+        }
+    }
+    *blockSize = best;
+    *minGridSize = best_blocks * sim_config()->sms;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+                                          CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize,
+                                          int blockSizeLimit)
+{
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize, blockSize, func, blockSizeToDynamicSMemSize,
+                                                     dynamicSMemSize, blockSizeLimit, 0);
+}
+
+/* How long a kernel runs: a test kernel's first parameter, else the configured time. */
+static CUresult kernel_time(struct sim_func *f, void **kernelParams, void **extra, uint64_t *dur_us);
 
 /* The kernel's duration: its first parameter, from kernelParams or the packed `extra` buffer. */
 static CUresult kernel_duration(void **kernelParams, void **extra, uint64_t *dur_us)
@@ -113,6 +313,14 @@ static CUresult kernel_duration(void **kernelParams, void **extra, uint64_t *dur
             memcpy(dur_us, buffer, sizeof *dur_us);
     }
     return CUDA_SUCCESS;
+}
+
+static CUresult kernel_time(struct sim_func *f, void **kernelParams, void **extra, uint64_t *dur_us)
+{
+    if (f->mod->image.kind == SIM_IMAGE_TEST)
+        return kernel_duration(kernelParams, extra, dur_us);
+    *dur_us = sim_config()->kernel_us;
+    return kernelParams && extra ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
 struct launch {
@@ -146,7 +354,7 @@ static CUresult launch(const struct launch *l)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     uint64_t dur_us;
-    rc = kernel_duration(l->params, l->extra, &dur_us);
+    rc = kernel_time(sim_handle_get((uintptr_t)l->f, SIM_KIND_FUNC), l->params, l->extra, &dur_us);
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_stream_enqueue_kernel(s, dur_us);
@@ -240,7 +448,8 @@ CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const
     if (!sim_handle_get((uintptr_t)nodeParams->func, SIM_KIND_FUNC))
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t dur_us;
-    CUresult rc = kernel_duration(nodeParams->kernelParams, nodeParams->extra, &dur_us);
+    CUresult rc = kernel_time(sim_handle_get((uintptr_t)nodeParams->func, SIM_KIND_FUNC), nodeParams->kernelParams,
+                              nodeParams->extra, &dur_us);
     if (rc != CUDA_SUCCESS)
         return rc;
     struct graph_node *nodes = realloc(g->nodes, (g->count + 1) * sizeof *nodes);

@@ -110,7 +110,55 @@
 
 /* What the CUDA runtime (libcudart) and CuPy reach beyond the rows above. */
 #define SIM_PROCS_RUNTIME(X) \
-    X(cuGetExportTable, cuGetExportTable, 3000, NULL)
+    X(cuGetExportTable, cuGetExportTable, 3000, NULL) \
+    X(cuPointerGetAttribute, cuPointerGetAttribute, 4000, NULL) \
+    X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, NULL) \
+    X(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020, NULL) \
+    X(cuMemHostAlloc, cuMemHostAlloc, 2020, NULL) \
+    X(cuMemHostGetDevicePointer, cuMemHostGetDevicePointer_v2, 3020, NULL) \
+    X(cuMemHostGetFlags, cuMemHostGetFlags, 2030, NULL) \
+    X(cuMemHostRegister, cuMemHostRegister_v2, 6050, NULL) \
+    X(cuMemHostUnregister, cuMemHostUnregister, 4000, NULL) \
+    X(cuMemcpy, cuMemcpy, 4000, cuMemcpy_ptds) \
+    X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020, cuMemcpyDtoD_v2_ptds) \
+    X(cuMemcpyAsync, cuMemcpyAsync, 4000, cuMemcpyAsync_ptsz) \
+    X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, cuMemcpyHtoDAsync_v2_ptsz) \
+    X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2, 3020, cuMemcpyDtoHAsync_v2_ptsz) \
+    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, 3020, cuMemcpyDtoDAsync_v2_ptsz) \
+    X(cuMemsetD16, cuMemsetD16_v2, 3020, cuMemsetD16_v2_ptds) \
+    X(cuMemsetD32, cuMemsetD32_v2, 3020, cuMemsetD32_v2_ptds) \
+    X(cuMemsetD8Async, cuMemsetD8Async, 3020, cuMemsetD8Async_ptsz) \
+    X(cuMemsetD16Async, cuMemsetD16Async, 3020, cuMemsetD16Async_ptsz) \
+    X(cuMemsetD32Async, cuMemsetD32Async, 3020, cuMemsetD32Async_ptsz) \
+    X(cuCtxGetApiVersion, cuCtxGetApiVersion, 3020, NULL) \
+    X(cuCtxGetFlags, cuCtxGetFlags, 7000, NULL) \
+    X(cuCtxGetId, cuCtxGetId, 12000, NULL) \
+    X(cuCtxGetLimit, cuCtxGetLimit, 3010, NULL) \
+    X(cuCtxSetLimit, cuCtxSetLimit, 3010, NULL) \
+    X(cuCtxGetCacheConfig, cuCtxGetCacheConfig, 3020, NULL) \
+    X(cuCtxSetCacheConfig, cuCtxSetCacheConfig, 3020, NULL) \
+    X(cuCtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange, 5050, NULL) \
+    X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000, NULL) \
+    X(cuStreamCreateWithPriority, cuStreamCreateWithPriority, 5050, NULL) \
+    X(cuStreamGetPriority, cuStreamGetPriority, 5050, cuStreamGetPriority_ptsz) \
+    X(cuStreamGetFlags, cuStreamGetFlags, 5050, cuStreamGetFlags_ptsz) \
+    X(cuStreamGetCtx, cuStreamGetCtx, 9020, cuStreamGetCtx_ptsz) \
+    X(cuStreamGetId, cuStreamGetId, 12000, cuStreamGetId_ptsz) \
+    X(cuStreamWaitEvent, cuStreamWaitEvent, 3020, cuStreamWaitEvent_ptsz) \
+    X(cuStreamAddCallback, cuStreamAddCallback, 5000, cuStreamAddCallback_ptsz) \
+    X(cuLaunchHostFunc, cuLaunchHostFunc, 10000, cuLaunchHostFunc_ptsz) \
+    X(cuEventRecordWithFlags, cuEventRecordWithFlags, 11010, cuEventRecordWithFlags_ptsz) \
+    X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz) \
+    X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, 10010, NULL) \
+    X(cuFuncGetAttribute, cuFuncGetAttribute, 2020, NULL) \
+    X(cuFuncSetAttribute, cuFuncSetAttribute, 9000, NULL) \
+    X(cuFuncSetCacheConfig, cuFuncSetCacheConfig, 3000, NULL) \
+    X(cuFuncGetName, cuFuncGetName, 12030, NULL) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, NULL) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, \
+      7000, NULL) \
+    X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, NULL) \
+    X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, NULL)
 
 struct proc_row { const char *name; void *fn; int min_version; void *per_thread; };
 
