@@ -126,7 +126,7 @@ struct launch {
 static CUresult launch(const struct launch *l)
 {
     SIM_REQUIRE_INIT();
-    if (!sim_handle_get((uintptr_t)l->f, SIM_KIND_FUNC))
+    if (!sim_handle_get((uintptr_t)sim_kernel_resolve(l->f), SIM_KIND_FUNC))  /* a CUkernel launches too */
         return CUDA_ERROR_INVALID_HANDLE;
     if (!l->grid[0] || !l->grid[1] || !l->grid[2] || !l->block[0] || !l->block[1] || !l->block[2] ||
         l->grid[1] > 65535 || l->grid[2] > 65535 || l->block[0] > 1024 || l->block[1] > 1024 || l->block[2] > 64)

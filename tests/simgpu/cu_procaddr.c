@@ -103,7 +103,42 @@
     X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, NULL) \
     X(cuGraphLaunch, cuGraphLaunch, 10000, cuGraphLaunch_ptsz) \
     X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, NULL) \
-    X(cuGraphDestroy, cuGraphDestroy, 10000, NULL)
+    X(cuGraphDestroy, cuGraphDestroy, 10000, NULL) \
+    X(cuLibraryLoadData, cuLibraryLoadData, 12000, NULL) \
+    X(cuLibraryLoadFromFile, cuLibraryLoadFromFile, 12000, NULL) \
+    X(cuLibraryUnload, cuLibraryUnload, 12000, NULL) \
+    X(cuLibraryGetKernel, cuLibraryGetKernel, 12000, NULL) \
+    X(cuLibraryGetModule, cuLibraryGetModule, 12000, NULL) \
+    X(cuKernelGetFunction, cuKernelGetFunction, 12000, NULL) \
+    X(cuKernelGetLibrary, cuKernelGetLibrary, 12050, NULL) \
+    X(cuKernelGetName, cuKernelGetName, 12030, NULL) \
+    X(cuKernelGetAttribute, cuKernelGetAttribute, 12000, NULL) \
+    X(cuKernelSetAttribute, cuKernelSetAttribute, 12000, NULL) \
+    X(cuFuncGetAttribute, cuFuncGetAttribute, 2020, NULL) \
+    X(cuFuncSetAttribute, cuFuncSetAttribute, 9000, NULL) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, NULL) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, \
+      7000, NULL) \
+    X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, NULL) \
+    X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, NULL) \
+    X(cuLinkCreate, cuLinkCreate_v2, 6050, NULL) \
+    X(cuLinkAddData, cuLinkAddData_v2, 6050, NULL) \
+    X(cuLinkAddFile, cuLinkAddFile_v2, 6050, NULL) \
+    X(cuLinkComplete, cuLinkComplete, 5050, NULL) \
+    X(cuLinkDestroy, cuLinkDestroy, 5050, NULL) \
+    X(cuMemHostAlloc, cuMemHostAlloc, 2020, NULL) \
+    X(cuMemHostRegister, cuMemHostRegister, 4000, NULL) \
+    X(cuMemHostRegister, cuMemHostRegister_v2, 6050, NULL) \
+    X(cuMemHostUnregister, cuMemHostUnregister, 4000, NULL) \
+    X(cuMemHostGetDevicePointer, cuMemHostGetDevicePointer_v2, 3020, NULL) \
+    X(cuMemHostGetFlags, cuMemHostGetFlags, 2030, NULL) \
+    X(cuPointerGetAttribute, cuPointerGetAttribute, 4000, NULL) \
+    X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, NULL) \
+    X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, cuMemcpyHtoDAsync_v2_ptsz) \
+    X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2, 3020, cuMemcpyDtoHAsync_v2_ptsz) \
+    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, 3020, cuMemcpyDtoDAsync_v2_ptsz) \
+    X(cuMemsetD8Async, cuMemsetD8Async, 3020, cuMemsetD8Async_ptsz) \
+    X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020, cuMemcpyDtoD_v2_ptds)
 
 struct proc_row { const char *name; void *fn; int min_version; void *per_thread; };
 
