@@ -107,6 +107,7 @@ typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+    CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO = 87,
     CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
     CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
@@ -423,33 +424,24 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, u
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 CUresult cuGraphDestroy(CUgraph hGraph);
 
-/* ---- what the CUDA runtime (libcudart) and CuPy reach beyond the above ---- */
+/* libraries, kernels and the JIT linker (cuda.core, numba-cuda) */
 #ifndef HAMI_CHECK_AGAINST_CUDA_H
-typedef enum CUpointer_attribute_enum {
-    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
-    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
-    CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
-    CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
-    CU_POINTER_ATTRIBUTE_P2P_TOKENS = 5,
-    CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6,
-    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
-    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
-    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
-    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
-    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
-    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
-    CU_POINTER_ATTRIBUTE_MAPPED = 13,
-    CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
-    CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
-    CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
-    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
-    CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18,
-    CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19,
-    CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID = 20
-} CUpointer_attribute;
-typedef enum CUmemorytype_enum {
-    CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3, CU_MEMORYTYPE_UNIFIED = 4
-} CUmemorytype;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUlinkState_st *CUlinkState;
+typedef int CUlibraryOption;       /* options are accepted and ignored */
+typedef enum CUjitInputType_enum {
+    CU_JIT_INPUT_CUBIN = 0,
+    CU_JIT_INPUT_PTX = 1,
+    CU_JIT_INPUT_FATBINARY = 2,
+    CU_JIT_INPUT_OBJECT = 3,
+    CU_JIT_INPUT_LIBRARY = 4,
+    CU_JIT_INPUT_NVVM = 5
+} CUjitInputType;
+#define CU_JIT_WALL_TIME 2
+#define CU_JIT_INFO_LOG_BUFFER 3
+#define CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES 4
+#define CU_JIT_ERROR_LOG_BUFFER 5
+#define CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6
 typedef enum CUfunction_attribute_enum {
     CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
     CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
@@ -461,8 +453,101 @@ typedef enum CUfunction_attribute_enum {
     CU_FUNC_ATTRIBUTE_CACHE_MODE_CA = 7,
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
     CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9,
-    CU_FUNC_ATTRIBUTE_MAX = 16
+    CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET = 10,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT = 12,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH = 13,
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14,
+    CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15,
+    CU_FUNC_ATTRIBUTE_MAX
 } CUfunction_attribute;
+typedef size_t (*CUoccupancyB2DSize)(int blockSize);
+#endif
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                           void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                           void **libraryOptionValues, unsigned int numLibraryOptions);
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                               void **jitOptionsValues, unsigned int numJitOptions,
+                               CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                               unsigned int numLibraryOptions);
+CUresult cuLibraryUnload(CUlibrary library);
+CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name);
+CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library);
+CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel);
+CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel);
+CUresult cuKernelGetName(const char **name, CUkernel hfunc);
+CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev);
+CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev);
+CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc);
+CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                     size_t dynamicSMemSize);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
+                                                              size_t dynamicSMemSize, unsigned int flags);
+CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+                                          CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize,
+                                          int blockSizeLimit);
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func,
+                                                   CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                   size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags);
+CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut);
+CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name,
+                          unsigned int numOptions, CUjit_option *options, void **optionValues);
+CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions,
+                          CUjit_option *options, void **optionValues);
+CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut);
+CUresult cuLinkDestroy(CUlinkState state);
+/* host memory, pointer attributes, copies on a stream (cuda-bindings, numba-cuda) */
+#ifndef HAMI_CHECK_AGAINST_CUDA_H
+#define CU_MEMHOSTALLOC_PORTABLE 0x01
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+#define CU_MEMHOSTALLOC_WRITECOMBINED 0x04
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
+#define CU_MEMHOSTREGISTER_IOMEMORY 0x04
+#define CU_MEMHOSTREGISTER_READ_ONLY 0x08
+typedef enum CUmemorytype_enum {
+    CU_MEMORYTYPE_HOST = 0x01,
+    CU_MEMORYTYPE_DEVICE = 0x02,
+    CU_MEMORYTYPE_ARRAY = 0x03,
+    CU_MEMORYTYPE_UNIFIED = 0x04
+} CUmemorytype;
+typedef enum CUpointer_attribute_enum {
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+    CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+    CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6,
+    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+    CU_POINTER_ATTRIBUTE_MAPPED = 13,
+    CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
+    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17
+} CUpointer_attribute;
+#endif
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
+CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags);
+CUresult cuMemHostUnregister(void *p);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
+CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p);
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                CUdeviceptr ptr);
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyHtoDAsync_v2, ptsz,
+                  (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoHAsync_v2, ptsz,
+                  (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoDAsync_v2, ptsz,
+                  (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD8Async, ptsz, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoD_v2, ptds, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount))
+/* ---- what the CUDA runtime (libcudart) and CuPy reach beyond the above ---- */
+#ifndef HAMI_CHECK_AGAINST_CUDA_H
 typedef enum CUlimit_enum { CU_LIMIT_STACK_SIZE = 0, CU_LIMIT_MAX = 10 } CUlimit;
 typedef enum CUfunc_cache_enum { CU_FUNC_CACHE_PREFER_NONE = 0, CU_FUNC_CACHE_PREFER_EQUAL = 3 } CUfunc_cache;
 typedef enum CUstreamCaptureStatus_enum { CU_STREAM_CAPTURE_STATUS_NONE = 0 } CUstreamCaptureStatus;
@@ -471,29 +556,12 @@ typedef enum CUstreamCaptureMode_enum {
 } CUstreamCaptureMode;
 typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 typedef void (*CUhostFn)(void *userData);
-typedef size_t (*CUoccupancyB2DSize)(int blockSize);
 #endif
-CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
-CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
-                                CUdeviceptr ptr);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
-CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
-CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p);
-CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
-CUresult cuMemHostUnregister(void *p);
 HAMI_DECLARE_PTSZ(CUresult, cuMemcpy, ptds, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount))
-HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoD_v2, ptds, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount))
 HAMI_DECLARE_PTSZ(CUresult, cuMemcpyAsync, ptsz, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream))
-HAMI_DECLARE_PTSZ(CUresult, cuMemcpyHtoDAsync_v2, ptsz,
-                  (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream))
-HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoHAsync_v2, ptsz,
-                  (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream))
-HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoDAsync_v2, ptsz,
-                  (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream))
 HAMI_DECLARE_PTSZ(CUresult, cuMemsetD16_v2, ptds, (CUdeviceptr dstDevice, unsigned short us, size_t N))
 HAMI_DECLARE_PTSZ(CUresult, cuMemsetD32_v2, ptds, (CUdeviceptr dstDevice, unsigned int ui, size_t N))
-HAMI_DECLARE_PTSZ(CUresult, cuMemsetD8Async, ptsz, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream))
 HAMI_DECLARE_PTSZ(CUresult, cuMemsetD16Async, ptsz,
                   (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream))
 HAMI_DECLARE_PTSZ(CUresult, cuMemsetD32Async, ptsz,
@@ -519,19 +587,7 @@ HAMI_DECLARE_PTSZ(CUresult, cuLaunchHostFunc, ptsz, (CUstream hStream, CUhostFn 
 HAMI_DECLARE_PTSZ(CUresult, cuEventRecordWithFlags, ptsz, (CUevent hEvent, CUstream hStream, unsigned int flags))
 HAMI_DECLARE_PTSZ(CUresult, cuStreamIsCapturing, ptsz, (CUstream hStream, CUstreamCaptureStatus *captureStatus))
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
-CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc);
-CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value);
 CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config);
 CUresult cuFuncGetName(const char **name, CUfunction hfunc);
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
-                                                     size_t dynamicSMemSize);
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
-                                                              size_t dynamicSMemSize, unsigned int flags);
-CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
-                                          CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize,
-                                          int blockSizeLimit);
-CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func,
-                                                   CUoccupancyB2DSize blockSizeToDynamicSMemSize,
-                                                   size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags);
 
 #endif /* HAMI_CUDA_API_H */

@@ -14,7 +14,7 @@ struct sim_module { struct sim_ctx *ctx; struct sim_image image; };
 struct sim_func {
     struct sim_module *mod;
     const char *name;
-    int max_dynamic_shared, carveout, cache_config;   /* the attributes a caller may set */
+    int cache_config;
 };
 
 static CUresult load_module(CUmodule *module, const void *image)
@@ -116,8 +116,7 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
             free(own);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        *f = (struct sim_func){.mod = m, .name = kernel ? kernel : own, .max_dynamic_shared = 49152,
-                               .carveout = -1};
+        *f = (struct sim_func){.mod = m, .name = kernel ? kernel : own};
         sim_handle_put((uintptr_t)f, SIM_KIND_FUNC, f);
     }
     *hfunc = (CUfunction)f;
@@ -147,50 +146,7 @@ CUresult cuModuleUnload(CUmodule hmod)
     return CUDA_SUCCESS;
 }
 
-/* ---- kernel attributes and occupancy, for an H100-like SM ---- */
-
-#define SM_THREADS 2048
-#define SM_BLOCKS 32
-#define SM_SHARED (228 * 1024)
-#define BLOCK_SHARED_OPTIN (227 * 1024)
-
-CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
-{
-    SIM_REQUIRE_INIT();
-    struct sim_func *f = sim_handle_get((uintptr_t)hfunc, SIM_KIND_FUNC);
-    if (!f)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!pi)
-        return CUDA_ERROR_INVALID_VALUE;
-    switch (attrib) {
-    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
-    case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = 32; break;
-    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
-    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *pi = 90; break;
-    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *pi = f->max_dynamic_shared; break;
-    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *pi = f->carveout; break;
-    default:
-        if ((unsigned)attrib >= CU_FUNC_ATTRIBUTE_MAX)
-            return CUDA_ERROR_INVALID_VALUE;
-        *pi = 0;  /* no static shared, constant or local memory; no cluster requirements */
-    }
-    return CUDA_SUCCESS;
-}
-
-CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
-{
-    SIM_REQUIRE_INIT();
-    struct sim_func *f = sim_handle_get((uintptr_t)hfunc, SIM_KIND_FUNC);
-    if (!f)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (attrib == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && value >= 0 && value <= BLOCK_SHARED_OPTIN)
-        f->max_dynamic_shared = value;
-    else if (attrib == CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT && value >= -1 && value <= 100)
-        f->carveout = value;
-    else
-        return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
-}
+/* ---- what the runtime asks of a kernel beyond its attributes (cu_function.c) ---- */
 
 CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
 {
@@ -214,74 +170,6 @@ CUresult cuFuncGetName(const char **name, CUfunction hfunc)
         return CUDA_ERROR_INVALID_VALUE;
     *name = f->name;
     return CUDA_SUCCESS;
-}
-
-/* Resident blocks of `block` threads with `shared` bytes each on one SM. */
-static int blocks_per_sm(int block, size_t shared)
-{
-    int warps = (block + 31) / 32;
-    int by_threads = SM_THREADS / (warps * 32);
-    int n = by_threads < SM_BLOCKS ? by_threads : SM_BLOCKS;
-    if (shared && (size_t)n > SM_SHARED / shared)
-        n = (int)(SM_SHARED / shared);
-    return n;
-}
-
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
-                                                              size_t dynamicSMemSize, unsigned int flags)
-{
-    SIM_REQUIRE_INIT();
-    struct sim_func *f = sim_handle_get((uintptr_t)func, SIM_KIND_FUNC);
-    if (!f)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!numBlocks || blockSize <= 0 || flags > 1)
-        return CUDA_ERROR_INVALID_VALUE;
-    *numBlocks = blockSize > 1024 || dynamicSMemSize > (size_t)f->max_dynamic_shared
-                     ? 0 : blocks_per_sm(blockSize, dynamicSMemSize);
-    return CUDA_SUCCESS;
-}
-
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
-                                                     size_t dynamicSMemSize)
-{
-    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize, dynamicSMemSize, 0);
-}
-
-/* The block size (a multiple of the warp) that keeps the most threads resident; the largest on a tie. */
-CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func,
-                                                   CUoccupancyB2DSize blockSizeToDynamicSMemSize,
-                                                   size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags)
-{
-    SIM_REQUIRE_INIT();
-    struct sim_func *f = sim_handle_get((uintptr_t)func, SIM_KIND_FUNC);
-    if (!f)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!minGridSize || !blockSize || flags > 1)
-        return CUDA_ERROR_INVALID_VALUE;
-    int limit = blockSizeLimit <= 0 || blockSizeLimit > 1024 ? 1024 : blockSizeLimit;
-    int best = 0, best_blocks = 0, best_threads = 0;
-    for (int b = limit / 32 * 32; b >= 32; b -= 32) {
-        size_t shared = blockSizeToDynamicSMemSize ? blockSizeToDynamicSMemSize(b) : dynamicSMemSize;
-        if (shared > (size_t)f->max_dynamic_shared)
-            continue;
-        int n = blocks_per_sm(b, shared);
-        if (n * b > best_threads) {
-            best = b;
-            best_blocks = n;
-            best_threads = n * b;
-        }
-    }
-    *blockSize = best;
-    *minGridSize = best_blocks * sim_config()->sms;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
-                                          CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize,
-                                          int blockSizeLimit)
-{
-    return cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize, blockSize, func, blockSizeToDynamicSMemSize,
-                                                     dynamicSMemSize, blockSizeLimit, 0);
 }
 
 /* How long a kernel runs: a test kernel's first parameter, else the configured time. */
@@ -334,7 +222,7 @@ struct launch {
 static CUresult launch(const struct launch *l)
 {
     SIM_REQUIRE_INIT();
-    if (!sim_handle_get((uintptr_t)l->f, SIM_KIND_FUNC))
+    if (!sim_handle_get((uintptr_t)sim_kernel_resolve(l->f), SIM_KIND_FUNC))  /* a CUkernel launches too */
         return CUDA_ERROR_INVALID_HANDLE;
     if (!l->grid[0] || !l->grid[1] || !l->grid[2] || !l->block[0] || !l->block[1] || !l->block[2] ||
         l->grid[1] > 65535 || l->grid[2] > 65535 || l->block[0] > 1024 || l->block[1] > 1024 || l->block[2] > 64)
@@ -354,7 +242,8 @@ static CUresult launch(const struct launch *l)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     uint64_t dur_us;
-    rc = kernel_time(sim_handle_get((uintptr_t)l->f, SIM_KIND_FUNC), l->params, l->extra, &dur_us);
+    rc = kernel_time(sim_handle_get((uintptr_t)sim_kernel_resolve(l->f), SIM_KIND_FUNC), l->params, l->extra,
+                     &dur_us);
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_stream_enqueue_kernel(s, dur_us);

@@ -156,7 +156,7 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     return CUDA_SUCCESS;
 }
 
-struct host_alloc { uintptr_t base; size_t mapped; int registered; };
+struct host_alloc { uintptr_t base; size_t mapped; };
 
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 {
@@ -174,7 +174,7 @@ CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
             munmap(p, mapped);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *h = (struct host_alloc){(uintptr_t)p, mapped, 0};
+    *h = (struct host_alloc){(uintptr_t)p, mapped};
     sim_handle_put(h->base, SIM_KIND_HOST, h);
     *pp = p;
     return CUDA_SUCCESS;
@@ -183,8 +183,8 @@ CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 CUresult cuMemFreeHost(void *p)
 {
     SIM_REQUIRE_INIT();
-    struct host_alloc *h = sim_handle_get((uintptr_t)p, SIM_KIND_HOST);
-    if (!h || h->registered || !sim_handle_take((uintptr_t)p, SIM_KIND_HOST))
+    struct host_alloc *h = sim_handle_take((uintptr_t)p, SIM_KIND_HOST);
+    if (!h)
         return CUDA_ERROR_INVALID_VALUE;
     munmap((void *)h->base, h->mapped);
     free(h);
@@ -253,82 +253,7 @@ CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
     return cuMemsetD8_v2(dstDevice, uc, N);
 }
 
-/* ---- what the CUDA runtime adds: host memory, pointer queries, copies of every kind ---- */
-
-/* Pinned host memory: allocated here (cuMemAllocHost/cuMemHostAlloc, `mapped` > 0) or
- * registered (cuMemHostRegister, `mapped` 0); device pointer = host pointer (unified addressing). */
-static int host_contains(void *val, void *arg)
-{
-    struct host_alloc *h = val;
-    uintptr_t addr = *(uintptr_t *)arg;
-    return addr >= h->base && addr - h->base < h->mapped;
-}
-
-static struct host_alloc *host_containing(uintptr_t addr)
-{
-    struct host_alloc *h = sim_handle_get(addr, SIM_KIND_HOST);
-    return h ? h : sim_handle_find(SIM_KIND_HOST, host_contains, &addr);
-}
-
-CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
-{
-    if (Flags & ~0xfu)
-        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return cuMemAllocHost_v2(pp, bytesize);
-}
-
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
-{
-    struct sim_ctx *ctx;
-    CUresult rc = sim_ctx_current_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!pdptr || Flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!host_containing((uintptr_t)p))
-        return CUDA_ERROR_INVALID_VALUE;
-    *pdptr = (CUdeviceptr)(uintptr_t)p;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p)
-{
-    SIM_REQUIRE_INIT();
-    if (!pFlags || !host_containing((uintptr_t)p))
-        return CUDA_ERROR_INVALID_VALUE;
-    *pFlags = 0;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
-{
-    struct sim_ctx *ctx;
-    CUresult rc = sim_ctx_current_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    (void)Flags;
-    if (!p || bytesize == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (host_containing((uintptr_t)p))
-        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    struct host_alloc *h = malloc(sizeof *h);
-    if (!h)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *h = (struct host_alloc){(uintptr_t)p, bytesize, 1};
-    sim_handle_put(h->base, SIM_KIND_HOST, h);
-    return CUDA_SUCCESS;
-}
-
-CUresult cuMemHostUnregister(void *p)
-{
-    SIM_REQUIRE_INIT();
-    struct host_alloc *h = sim_handle_get((uintptr_t)p, SIM_KIND_HOST);
-    if (!h || !h->registered)
-        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    sim_handle_take((uintptr_t)p, SIM_KIND_HOST);
-    free(h);
-    return CUDA_SUCCESS;
-}
+/* ---- what the CUDA runtime adds: address ranges, unified copies, 16- and 32-bit fills ---- */
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
@@ -340,106 +265,6 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
         *pbase = (CUdeviceptr)a->base;
     if (psize)
         *psize = a->size;
-    return CUDA_SUCCESS;
-}
-
-/* What is known of an address: a device allocation, pinned host memory, or nothing. */
-struct ptr_info { struct sim_alloc *dev; struct host_alloc *host; };
-
-static struct ptr_info ptr_lookup(CUdeviceptr ptr)
-{
-    struct ptr_info in = {sim_alloc_containing((uintptr_t)ptr, 0), NULL};
-    if (!in.dev)
-        in.host = host_containing((uintptr_t)ptr);
-    return in;
-}
-
-/* One attribute into `data` (sized as the driver documents each). */
-static CUresult ptr_attribute(const struct ptr_info *in, CUpointer_attribute attr, void *data, CUdeviceptr ptr)
-{
-    int known = in->dev || in->host;
-    uintptr_t base = in->dev ? in->dev->base : in->host ? in->host->base : 0;
-    size_t size = in->dev ? in->dev->size : in->host ? in->host->mapped : 0;
-    switch (attr) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = in->dev && !in->dev->pool ? (CUcontext)in->dev->ctx : NULL;
-        break;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *(unsigned *)data = in->dev ? CU_MEMORYTYPE_DEVICE : in->host ? CU_MEMORYTYPE_HOST : 0;
-        break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
-        *(CUdeviceptr *)data = known ? ptr : 0;
-        break;
-    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        *(void **)data = in->host ? (void *)(uintptr_t)ptr : NULL;
-        break;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
-        *(unsigned char *)data = 0;
-        break;
-    case CU_POINTER_ATTRIBUTE_MAPPED:
-        *(unsigned char *)data = known;
-        break;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        *(unsigned char *)data = in->dev && !in->dev->pool;
-        break;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
-    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
-        *(unsigned long long *)data = base;
-        break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        *(int *)data = in->dev ? in->dev->dev : -2;  /* CU_DEVICE_INVALID */
-        break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
-        *(void **)data = (void *)base;
-        break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
-        *(size_t *)data = size;
-        break;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-        *(unsigned long long *)data = 0;
-        break;
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
-        *(unsigned *)data = known ? 3 : 0;  /* CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE */
-        break;
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-        *(void **)data = in->dev ? (void *)in->dev->pool : NULL;
-        break;
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    return CUDA_SUCCESS;
-}
-
-CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
-{
-    SIM_REQUIRE_INIT();
-    if (!data)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct ptr_info in = ptr_lookup(ptr);
-    if (!in.dev && !in.host)
-        return CUDA_ERROR_INVALID_VALUE;  /* as the driver: a pointer it does not know */
-    return ptr_attribute(&in, attribute, data, ptr);
-}
-
-/* Unlike the single query, an unknown pointer is not an error: its attributes read as empty. */
-CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
-                                CUdeviceptr ptr)
-{
-    SIM_REQUIRE_INIT();
-    if (numAttributes && (!attributes || !data))
-        return CUDA_ERROR_INVALID_VALUE;
-    struct ptr_info in = ptr_lookup(ptr);
-    for (unsigned i = 0; i < numAttributes; i++) {
-        if (!data[i])
-            continue;
-        CUresult rc = ptr_attribute(&in, attributes[i], data[i], ptr);
-        if (rc != CUDA_SUCCESS)
-            return rc;
-    }
     return CUDA_SUCCESS;
 }
 
@@ -469,15 +294,6 @@ CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
     return copy_checked((uintptr_t)dst, (uintptr_t)src, ByteCount);
 }
 
-CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
-{
-    struct sim_ctx *ctx;
-    CUresult rc = device_range(dstDevice, ByteCount, &ctx);
-    if (rc == CUDA_SUCCESS && !device_addr_ok((uintptr_t)srcDevice, ByteCount))
-        rc = CUDA_ERROR_INVALID_VALUE;
-    return rc == CUDA_SUCCESS ? copy_checked((uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount) : rc;
-}
-
 /* Stream-ordered copies and fills: the stream's earlier work finishes first, then the bytes move
  * before the call returns (as the driver does for pageable host memory). */
 static CUresult stream_ready(CUstream hStream)
@@ -493,27 +309,6 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstr
 {
     CUresult rc = stream_ready(hStream);
     return rc == CUDA_SUCCESS ? copy_checked((uintptr_t)dst, (uintptr_t)src, ByteCount) : rc;
-}
-
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
-{
-    if (!device_addr_ok((uintptr_t)dstDevice, ByteCount))
-        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return cuMemcpyAsync(dstDevice, (CUdeviceptr)(uintptr_t)srcHost, ByteCount, hStream);
-}
-
-CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
-{
-    if (!device_addr_ok((uintptr_t)srcDevice, ByteCount))
-        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return cuMemcpyAsync((CUdeviceptr)(uintptr_t)dstHost, srcDevice, ByteCount, hStream);
-}
-
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
-{
-    if (!device_addr_ok((uintptr_t)dstDevice, ByteCount) || !device_addr_ok((uintptr_t)srcDevice, ByteCount))
-        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return cuMemcpyAsync(dstDevice, srcDevice, ByteCount, hStream);
 }
 
 static void fill(uintptr_t dst, const void *value, size_t width, size_t n)
@@ -557,11 +352,6 @@ CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
     return memset_sync(dstDevice, &ui, sizeof ui, N);
 }
 
-CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
-{
-    return memset_async(dstDevice, &uc, 1, N, hStream);
-}
-
 CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
 {
     return memset_async(dstDevice, &us, sizeof us, N, hStream);
@@ -574,13 +364,8 @@ CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUst
 
 /* The legacy and per-thread default streams are one stream here: the per-thread names are aliases. */
 SIM_PER_THREAD(cuMemcpy, ptds)
-SIM_PER_THREAD(cuMemcpyDtoD_v2, ptds)
 SIM_PER_THREAD(cuMemcpyAsync, ptsz)
-SIM_PER_THREAD(cuMemcpyHtoDAsync_v2, ptsz)
-SIM_PER_THREAD(cuMemcpyDtoHAsync_v2, ptsz)
-SIM_PER_THREAD(cuMemcpyDtoDAsync_v2, ptsz)
 SIM_PER_THREAD(cuMemsetD16_v2, ptds)
 SIM_PER_THREAD(cuMemsetD32_v2, ptds)
-SIM_PER_THREAD(cuMemsetD8Async, ptsz)
 SIM_PER_THREAD(cuMemsetD16Async, ptsz)
 SIM_PER_THREAD(cuMemsetD32Async, ptsz)

@@ -106,28 +106,51 @@
     X(cuGraphLaunch, cuGraphLaunch, 10000, cuGraphLaunch_ptsz) \
     X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, NULL) \
     X(cuGraphDestroy, cuGraphDestroy, 10000, NULL) \
+    X(cuLibraryLoadData, cuLibraryLoadData, 12000, NULL) \
+    X(cuLibraryLoadFromFile, cuLibraryLoadFromFile, 12000, NULL) \
+    X(cuLibraryUnload, cuLibraryUnload, 12000, NULL) \
+    X(cuLibraryGetKernel, cuLibraryGetKernel, 12000, NULL) \
+    X(cuLibraryGetModule, cuLibraryGetModule, 12000, NULL) \
+    X(cuKernelGetFunction, cuKernelGetFunction, 12000, NULL) \
+    X(cuKernelGetLibrary, cuKernelGetLibrary, 12050, NULL) \
+    X(cuKernelGetName, cuKernelGetName, 12030, NULL) \
+    X(cuKernelGetAttribute, cuKernelGetAttribute, 12000, NULL) \
+    X(cuKernelSetAttribute, cuKernelSetAttribute, 12000, NULL) \
+    X(cuFuncGetAttribute, cuFuncGetAttribute, 2020, NULL) \
+    X(cuFuncSetAttribute, cuFuncSetAttribute, 9000, NULL) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, NULL) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, \
+      7000, NULL) \
+    X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, NULL) \
+    X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, NULL) \
+    X(cuLinkCreate, cuLinkCreate_v2, 6050, NULL) \
+    X(cuLinkAddData, cuLinkAddData_v2, 6050, NULL) \
+    X(cuLinkAddFile, cuLinkAddFile_v2, 6050, NULL) \
+    X(cuLinkComplete, cuLinkComplete, 5050, NULL) \
+    X(cuLinkDestroy, cuLinkDestroy, 5050, NULL) \
+    X(cuMemHostAlloc, cuMemHostAlloc, 2020, NULL) \
+    X(cuMemHostRegister, cuMemHostRegister, 4000, NULL) \
+    X(cuMemHostRegister, cuMemHostRegister_v2, 6050, NULL) \
+    X(cuMemHostUnregister, cuMemHostUnregister, 4000, NULL) \
+    X(cuMemHostGetDevicePointer, cuMemHostGetDevicePointer_v2, 3020, NULL) \
+    X(cuMemHostGetFlags, cuMemHostGetFlags, 2030, NULL) \
+    X(cuPointerGetAttribute, cuPointerGetAttribute, 4000, NULL) \
+    X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, NULL) \
+    X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, cuMemcpyHtoDAsync_v2_ptsz) \
+    X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2, 3020, cuMemcpyDtoHAsync_v2_ptsz) \
+    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, 3020, cuMemcpyDtoDAsync_v2_ptsz) \
+    X(cuMemsetD8Async, cuMemsetD8Async, 3020, cuMemsetD8Async_ptsz) \
+    X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020, cuMemcpyDtoD_v2_ptds) \
     SIM_PROCS_RUNTIME(X)
 
 /* What the CUDA runtime (libcudart) and CuPy reach beyond the rows above. */
 #define SIM_PROCS_RUNTIME(X) \
     X(cuGetExportTable, cuGetExportTable, 3000, NULL) \
-    X(cuPointerGetAttribute, cuPointerGetAttribute, 4000, NULL) \
-    X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, NULL) \
     X(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020, NULL) \
-    X(cuMemHostAlloc, cuMemHostAlloc, 2020, NULL) \
-    X(cuMemHostGetDevicePointer, cuMemHostGetDevicePointer_v2, 3020, NULL) \
-    X(cuMemHostGetFlags, cuMemHostGetFlags, 2030, NULL) \
-    X(cuMemHostRegister, cuMemHostRegister_v2, 6050, NULL) \
-    X(cuMemHostUnregister, cuMemHostUnregister, 4000, NULL) \
     X(cuMemcpy, cuMemcpy, 4000, cuMemcpy_ptds) \
-    X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020, cuMemcpyDtoD_v2_ptds) \
     X(cuMemcpyAsync, cuMemcpyAsync, 4000, cuMemcpyAsync_ptsz) \
-    X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, cuMemcpyHtoDAsync_v2_ptsz) \
-    X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2, 3020, cuMemcpyDtoHAsync_v2_ptsz) \
-    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, 3020, cuMemcpyDtoDAsync_v2_ptsz) \
     X(cuMemsetD16, cuMemsetD16_v2, 3020, cuMemsetD16_v2_ptds) \
     X(cuMemsetD32, cuMemsetD32_v2, 3020, cuMemsetD32_v2_ptds) \
-    X(cuMemsetD8Async, cuMemsetD8Async, 3020, cuMemsetD8Async_ptsz) \
     X(cuMemsetD16Async, cuMemsetD16Async, 3020, cuMemsetD16Async_ptsz) \
     X(cuMemsetD32Async, cuMemsetD32Async, 3020, cuMemsetD32Async_ptsz) \
     X(cuCtxGetApiVersion, cuCtxGetApiVersion, 3020, NULL) \
@@ -150,15 +173,8 @@
     X(cuEventRecordWithFlags, cuEventRecordWithFlags, 11010, cuEventRecordWithFlags_ptsz) \
     X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz) \
     X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, 10010, NULL) \
-    X(cuFuncGetAttribute, cuFuncGetAttribute, 2020, NULL) \
-    X(cuFuncSetAttribute, cuFuncSetAttribute, 9000, NULL) \
     X(cuFuncSetCacheConfig, cuFuncSetCacheConfig, 3000, NULL) \
-    X(cuFuncGetName, cuFuncGetName, 12030, NULL) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, NULL) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, \
-      7000, NULL) \
-    X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, NULL) \
-    X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, NULL)
+    X(cuFuncGetName, cuFuncGetName, 12030, NULL)
 
 struct proc_row { const char *name; void *fn; int min_version; void *per_thread; };
 

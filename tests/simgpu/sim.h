@@ -115,7 +115,8 @@ unsigned sim_busy_pids(int dev, uint64_t from, uint64_t to, uint32_t *pids, uint
 enum sim_kind {
     SIM_KIND_CTX = 1, SIM_KIND_STREAM, SIM_KIND_EVENT, SIM_KIND_MODULE, SIM_KIND_FUNC,
     SIM_KIND_ALLOC, SIM_KIND_HOST, SIM_KIND_POOL, SIM_KIND_ARRAY, SIM_KIND_GRAPH,
-    SIM_KIND_GRAPH_EXEC, SIM_KIND_VMM_HANDLE, SIM_KIND_VMM_RESERVE, SIM_KIND_VMM_MAP
+    SIM_KIND_GRAPH_EXEC, SIM_KIND_VMM_HANDLE, SIM_KIND_VMM_RESERVE, SIM_KIND_VMM_MAP,
+    SIM_KIND_LIBRARY, SIM_KIND_KERNEL, SIM_KIND_FUNC_ATTRS, SIM_KIND_LINK
 };
 void sim_handle_put(uintptr_t key, int kind, void *val);
 void *sim_handle_get(uintptr_t key, int kind);
@@ -205,5 +206,13 @@ void sim_free_ctx_arrays(struct sim_ctx *ctx);
 void sim_pools_release_ctx(struct sim_ctx *ctx);
 void sim_pools_sync_trim(int dev);
 CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s);
+/* cu_library.c: a CUkernel passed where a CUfunction goes becomes its function in the
+ * current context; anything else is returned as it is. */
+CUfunction sim_kernel_resolve(CUfunction f);
+/* cu_function.c: attributes of a function or kernel handle (the caller checks the handle) */
+CUresult sim_func_attr_get(uintptr_t key, CUfunction_attribute attrib, int *pi);
+CUresult sim_func_attr_set(uintptr_t key, CUfunction_attribute attrib, int value);
+/* cu_host.c: the page-locked host range holding addr (size 0: a cuMemAllocHost start, size unknown) */
+int sim_host_range(uintptr_t addr, uintptr_t *base, size_t *size, unsigned *flags);
 
 #endif

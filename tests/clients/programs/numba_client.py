@@ -1,0 +1,90 @@
+"""numba-cuda as a user writes it. Scenarios (argv[1]):
+
+  basic               cuda.detect(), memory info, device arrays filled until numba
+                      refuses, a @cuda.jit kernel launched and synchronised
+  launches N DUR_US   N launches of a kernel (its first argument, DUR_US, is what the
+                      simulator runs it for) and the seconds they took
+  hold MIB            holds MIB of device arrays, says so, waits for a line on stdin,
+                      then fills what is left and reports how much it got
+"""
+import contextlib
+import io
+import json
+import sys
+import time
+
+import numpy as np
+from numba import cuda
+from numba.cuda.cudadrv.driver import CudaAPIError
+
+MIB = 1 << 20
+CHUNK_MIB = 64
+
+
+@cuda.jit
+def touch(dur_us, x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] = dur_us
+
+
+def fill() -> tuple[list, dict]:
+    """Device arrays of CHUNK_MIB until numba refuses; the arrays and how it refused."""
+    arrays = []
+    while True:
+        try:
+            arrays.append(cuda.device_array(CHUNK_MIB * MIB, dtype=np.uint8))
+        except CudaAPIError as e:
+            return arrays, {"error": type(e).__name__, "code": int(e.code)}
+        if len(arrays) * CHUNK_MIB > 64 * 1024:
+            return arrays, {"error": None}
+
+
+def memory() -> dict:
+    free, total = cuda.current_context().get_memory_info()
+    return {"free_mib": free // MIB, "total_mib": total // MIB}
+
+
+def basic() -> dict:
+    report = io.StringIO()
+    with contextlib.redirect_stdout(report):
+        detected = cuda.detect()
+    out = {"detected": bool(detected), "detect_report": report.getvalue(),
+           "cc": list(cuda.get_current_device().compute_capability)}
+    out.update(memory())
+    arrays, refusal = fill()
+    out["filled_mib"] = len(arrays) * CHUNK_MIB
+    out["refusal"] = refusal
+    del arrays
+    cuda.current_context().deallocations.clear()
+    x = cuda.to_device(np.zeros(256, dtype=np.int64))
+    touch[1, 256](7, x)
+    cuda.synchronize()
+    out["launched"] = True
+    return out
+
+
+def launches(n: int, dur_us: int) -> dict:
+    x = cuda.device_array(32, dtype=np.int64)
+    touch[1, 32](dur_us, x)          # compiled and loaded before timing
+    cuda.synchronize()
+    start = time.monotonic()
+    for _ in range(n):
+        touch[1, 32](dur_us, x)
+    cuda.synchronize()
+    return {"launches": n, "seconds": time.monotonic() - start}
+
+
+def hold(mib: int) -> dict:
+    held = cuda.device_array(mib * MIB, dtype=np.uint8)
+    print(json.dumps({"holding_mib": mib}), flush=True)
+    sys.stdin.readline()
+    arrays, refusal = fill()
+    out = {"held_mib": mib, "filled_mib": len(arrays) * CHUNK_MIB, "refusal": refusal}
+    del held, arrays
+    return out
+
+
+scenario, *args = sys.argv[1:]
+result = {"basic": basic, "launches": launches, "hold": hold}[scenario](*map(int, args))
+print(json.dumps(result))
