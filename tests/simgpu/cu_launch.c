@@ -1,9 +1,9 @@
 /* Driver API: modules, kernel launches and kernel graphs. Modules are read as the
  * driver reads them (sim_image.c): cuModuleGetFunction finds only the kernels an
- * image holds. A kernel of a simulator test image takes its duration in
- * microseconds as its first parameter (uint64); a kernel of a real image (fat
- * binary, cubin, PTX) runs for the configured `kernel_us`. Either way it occupies
- * its stream's device for that long. */
+ * image holds. The simulator's test kernels (`spin`, `sleep_kernel`, `empty`, in a
+ * test image or in a real one that defines them) take their duration in
+ * microseconds as their first parameter (uint64); every other kernel runs for the
+ * configured `kernel_us`. Either way it occupies its stream's device for that long. */
 #include "sim.h"
 
 #include <stdio.h>
@@ -205,7 +205,7 @@ static CUresult kernel_duration(void **kernelParams, void **extra, uint64_t *dur
 
 static CUresult kernel_time(struct sim_func *f, void **kernelParams, void **extra, uint64_t *dur_us)
 {
-    if (f->mod->image.kind == SIM_IMAGE_TEST)
+    if (sim_image_test_kernel(f->name))
         return kernel_duration(kernelParams, extra, dur_us);
     *dur_us = sim_config()->kernel_us;
     return kernelParams && extra ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;

@@ -137,6 +137,8 @@ CUresult sim_image_parse(const void *image, struct sim_image *img);
 /* The kernel's name as the image holds it, or NULL. */
 const char *sim_image_kernel(const struct sim_image *img, const char *name);
 void sim_image_free(struct sim_image *img);
+/* Whether `name` is one of the simulator's test kernels (first parameter: duration in µs). */
+int sim_image_test_kernel(const char *name);
 
 /* ---- driver-side objects (libcuda only) ---- */
 struct sim_stream;

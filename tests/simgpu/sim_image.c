@@ -11,8 +11,9 @@
  * - ELF cubin: the kernels are its global function symbols.
  * - PTX text: the kernels are its `.entry` directives.
  * - anything else is a simulator test image (a short string such as "any
- *   image"): it holds the test kernels `spin`, `sleep_kernel` and `empty`,
- *   whose first parameter is their duration in microseconds.
+ *   image"): it holds the test kernels `spin`, `sleep_kernel` and `empty`.
+ * A test kernel's first parameter is its duration in microseconds, in whatever
+ * image it is (cu_launch.c).
  */
 #include "sim.h"
 
@@ -166,6 +167,14 @@ CUresult sim_image_parse(const void *image, struct sim_image *img)
         return CUDA_ERROR_INVALID_IMAGE;
     }
     return CUDA_SUCCESS;
+}
+
+int sim_image_test_kernel(const char *name)
+{
+    for (size_t i = 0; i < sizeof test_kernels / sizeof *test_kernels; i++)
+        if (!strcmp(test_kernels[i], name))
+            return 1;
+    return 0;
 }
 
 const char *sim_image_kernel(const struct sim_image *img, const char *name)
