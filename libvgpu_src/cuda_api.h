@@ -557,6 +557,7 @@ typedef enum CUstreamCaptureMode_enum {
 typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 typedef void (*CUhostFn)(void *userData);
 #endif
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 HAMI_DECLARE_PTSZ(CUresult, cuMemcpy, ptds, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount))
 HAMI_DECLARE_PTSZ(CUresult, cuMemcpyAsync, ptsz, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream))

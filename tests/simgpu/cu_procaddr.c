@@ -146,6 +146,7 @@
 /* What the CUDA runtime (libcudart) and CuPy reach beyond the rows above. */
 #define SIM_PROCS_RUNTIME(X) \
     X(cuGetExportTable, cuGetExportTable, 3000, NULL) \
+    X(cuDeviceSetMemPool, cuDeviceSetMemPool, 11020, NULL) \
     X(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020, NULL) \
     X(cuMemcpy, cuMemcpy, 4000, cuMemcpy_ptds) \
     X(cuMemcpyAsync, cuMemcpyAsync, 4000, cuMemcpyAsync_ptsz) \
