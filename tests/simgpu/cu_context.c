@@ -177,7 +177,9 @@ CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return cuDevicePrimaryCtxSetFlags_v2(dev, flags); }
 
-CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+/* Every cuCtxCreate form creates here, not through another exported form, so that an
+ * interposer sees each application call once. */
+static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     SIM_REQUIRE_INIT();
     if (!pctx)
@@ -202,19 +204,21 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+
 CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                         unsigned int flags, CUdevice dev)
 {
     if (numParams < 0 || (numParams > 0 && !paramsArray))
         return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return cuCtxCreate_v2(pctx, flags, dev);
+    return ctx_create(pctx, flags, dev);
 }
 
 CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
                         CUdevice dev)
 {
     (void)ctxCreateParams;
-    return cuCtxCreate_v2(pctx, flags, dev);
+    return ctx_create(pctx, flags, dev);
 }
 
 CUresult cuCtxDestroy_v2(CUcontext ctx)
