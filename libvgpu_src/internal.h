@@ -8,18 +8,6 @@
 
 #define HAMI_EXPORT __attribute__((visibility("default")))
 
-/* Depth of driver calls made by libvgpu on this thread. A driver whose entry points
- * call each other through their exported names would reach our hooks again from
- * inside one: those inner calls go straight to the driver, uncounted twice. */
-extern __thread int hami_in_driver __attribute__((tls_model("initial-exec")));
-#define HAMI_CALL(expr)                        \
-    ({                                         \
-        hami_in_driver++;                      \
-        __typeof__(expr) hami_r_ = (expr);     \
-        hami_in_driver--;                      \
-        hami_r_;                               \
-    })
-
 /* symbols.c: the real driver's entry point for `name` (never one of our hooks), or NULL. */
 void *hami_driver_symbol(const char *name);
 
