@@ -42,7 +42,10 @@
  *                        the stream-ordered block (which outlives its context) is
  *                        freed; prints destroy_rc during_rc after_rc
  * KIND: mem pitch managed async pool vmm array array3d
- * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context;
+ *   ctxview              prints getinfo_used (cuMemGetInfo total - free) and
+ *                        nvml_used (NVML device 0) once the context is open
+ * Env PROBE_CTX=create (create_v3, create_v4) uses cuCtxCreate_v2 (_v3, _v4) instead
+ * of the primary context;
  * PROBE_DEVICE=N works on CUDA device N (default 0).
  * Exit 77 when the driver lacks an entry point the command needs.
  */
@@ -69,6 +72,8 @@
     X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease) \
     X(cuCtxSetCurrent, cuCtxSetCurrent) \
     X(cuCtxCreate_v2, cuCtxCreate) \
+    X(cuCtxCreate_v3, cuCtxCreate) \
+    X(cuCtxCreate_v4, cuCtxCreate) \
     X(cuCtxDestroy_v2, cuCtxDestroy) \
     X(cuCtxSynchronize, cuCtxSynchronize) \
     X(cuMemGetInfo_v2, cuMemGetInfo) \
@@ -159,14 +164,19 @@ static void resolve(const char *mode)
         printf("missing cuGetProcAddress_v2\n");
         exit(77);
     }
-#define PROBE_PROC(name, base)                                                      \
+#define PROBE_PROC_AT(name, base, version)                                           \
     {                                                                               \
         void *fn = NULL;                                                            \
         CUdriverProcAddressQueryResult status;                                      \
-        if (gpa(#base, &fn, 12040, flags, &status) == CUDA_SUCCESS)                 \
+        if (gpa(#base, &fn, version, flags, &status) == CUDA_SUCCESS)               \
             api.name = (__typeof__(&name))fn;                                       \
     }
+#define PROBE_PROC(name, base) PROBE_PROC_AT(name, base, 12040)
     PROBE_API(PROBE_PROC)
+    /* one base name, three variants: each asked for with the version that picks it */
+    PROBE_PROC_AT(cuCtxCreate_v2, cuCtxCreate, 3020)
+    PROBE_PROC_AT(cuCtxCreate_v3, cuCtxCreate, 11040)
+    PROBE_PROC_AT(cuCtxCreate_v4, cuCtxCreate, 12050)
 }
 
 static void open_context(void)
@@ -180,6 +190,12 @@ static void open_context(void)
     if (how && !strcmp(how, "create")) {
         NEED(cuCtxCreate_v2);
         CHECK(api.cuCtxCreate_v2(&context, 0, device));
+    } else if (how && !strcmp(how, "create_v3")) {
+        NEED(cuCtxCreate_v3);
+        CHECK(api.cuCtxCreate_v3(&context, NULL, 0, 0, device));
+    } else if (how && !strcmp(how, "create_v4")) {
+        NEED(cuCtxCreate_v4);
+        CHECK(api.cuCtxCreate_v4(&context, NULL, 0, device));
     } else {
         NEED(cuDevicePrimaryCtxRetain);
         NEED(cuCtxSetCurrent);
@@ -612,6 +628,13 @@ int main(int argc, char **argv)
         CHECK(api.cuDeviceTotalMem_v2(&total, device));
         CHECK(api.cuMemGetInfo_v2(&free, &memtotal));
         printf("total=%zu memtotal=%zu free=%zu\n", total, memtotal, free);
+        return 0;
+    }
+    if (!strcmp(cmd, "ctxview")) {
+        size_t free = 0, total = 0;
+        NEED(cuMemGetInfo_v2);
+        CHECK(api.cuMemGetInfo_v2(&free, &total));
+        printf("getinfo_used=%zu nvml_used=%llu\n", total - free, nvml_device0(1));
         return 0;
     }
     if (!strcmp(cmd, "alloc") && argc > 4) {

@@ -46,6 +46,7 @@ struct sim_config {
     char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     int cuda_version;
     int stale_seconds;                   /* another pid namespace's process: dead after this long without a heartbeat */
+    int self_calls;                      /* 1: entry points call each other through their exported names */
 };
 /* The configuration, read once; NULL (after one stderr line) when it is bad. */
 const struct sim_config *sim_config(void);
