@@ -126,9 +126,12 @@ static uint64_t measured(const struct snapshot *before, const struct snapshot *a
     }
     if (appeared_count == 1 && appeared->usedGpuMemory != NVML_VALUE_NOT_AVAILABLE_ULL) {
         host_pid = appeared->pid;
-        struct hami_proc_slot *self = hami_region_self();
-        if (self && !__atomic_load_n(&self->host_pid, __ATOMIC_RELAXED))
-            __atomic_store_n(&self->host_pid, (int32_t)host_pid, __ATOMIC_RELAXED);
+        struct hami_proc_slot *self = hami_slot_begin();
+        if (self) {
+            if (!__atomic_load_n(&self->host_pid, __ATOMIC_RELAXED))
+                __atomic_store_n(&self->host_pid, (int32_t)host_pid, __ATOMIC_RELAXED);
+            hami_slot_end();
+        }
         hami_debug("the driver knows this process as pid %u", host_pid);
         return appeared->usedGpuMemory;
     }
