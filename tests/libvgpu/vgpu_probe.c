@@ -20,7 +20,8 @@
  *   stress THREADS SEC MAXMIB [START]  threads allocate and free random sizes, from
  *                        the CLOCK_REALTIME second START on
  *   watch SEC            samples NVML device 0 used bytes (no context); prints maxused=N
- *   launch N             N zero-length kernel launches; prints rc=N
+ *   launch N [SEC]       N zero-length kernel launches; prints rc=N, then waits as
+ *                        hold does (SEC, or the end of stdin) before it exits
  *   uuids                the devices' UUIDs, one a line
  *   badfree              frees a pointer never allocated; prints rc=N
  *   nullsafe             cuMemGetInfo / cuDeviceTotalMem with NULL outputs; prints rcs
@@ -534,7 +535,19 @@ static int cmd_ctxdestroy(size_t bytes, size_t big)
     return 0;
 }
 
-static int cmd_launch(long count)
+/* Until `seconds` have passed or stdin reaches end of file (the test lets go). */
+static void wait_for_release(double seconds)
+{
+    double until = now_s() + seconds;
+    struct pollfd in = {.fd = 0, .events = POLLIN};
+    while (now_s() < until) {
+        char buf[64];
+        if (poll(&in, 1, 10) > 0 && read(0, buf, sizeof buf) <= 0)
+            break;
+    }
+}
+
+static int cmd_launch(long count, double hold)
 {
     NEED(cuModuleLoadData);
     NEED(cuModuleGetFunction);
@@ -551,6 +564,7 @@ static int cmd_launch(long count)
     if (api.cuCtxSynchronize)
         api.cuCtxSynchronize();
     printf("rc=%d\n", (int)rc);
+    wait_for_release(hold);
     return rc == CUDA_SUCCESS ? 0 : 1;
 }
 
@@ -653,23 +667,17 @@ int main(int argc, char **argv)
     if ((!strcmp(cmd, "hold") || !strcmp(cmd, "churn")) && argc > 5) {
         prepare_kind(argv[3]);
         size_t bytes = strtoull(argv[4], NULL, 10);
-        double until = now_s() + atof(argv[5]);
         struct block b;
         CUresult rc = take(argv[3], bytes, &b);
         printf(!strcmp(cmd, "hold") ? "held rc=%d\n" : "ready rc=%d\n", (int)rc);
         if (!strcmp(cmd, "hold")) {
-            /* until SEC have passed or stdin reaches end of file (the test lets go) */
-            struct pollfd in = {.fd = 0, .events = POLLIN};
-            while (now_s() < until) {
-                char buf[64];
-                if (poll(&in, 1, 10) > 0 && read(0, buf, sizeof buf) <= 0)
-                    break;
-            }
+            wait_for_release(atof(argv[5]));
             if (rc == CUDA_SUCCESS)
                 CHECK(give(argv[3], &b));
             return 0;
         }
         /* keeps BYTES and allocates and frees 2 MiB blocks meanwhile */
+        double until = now_s() + atof(argv[5]);
         while (now_s() < until) {
             struct block small;
             if (take(argv[3], 2u << 20, &small) == CUDA_SUCCESS)
@@ -712,7 +720,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "ctxdestroy") && argc > 4)
         return cmd_ctxdestroy(strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
     if (!strcmp(cmd, "launch") && argc > 3)
-        return cmd_launch(atol(argv[3]));
+        return cmd_launch(atol(argv[3]), argc > 4 ? atof(argv[4]) : 0);
     fprintf(stderr, "vgpu_probe: bad command\n");
     return 2;
 }
