@@ -2,7 +2,8 @@
  * Every symbol libvgpu interposes, in one list: X(name, library). The export
  * table, the dlsym map and the cuGetProcAddress map (symbols.c) and the ids
  * used to reach the real driver's entry points are all generated from it.
- * Each listed name is defined once, with its real prototype, by a hook file.
+ * Each listed name is defined once, with its real prototype, by a hook file,
+ * through HAMI_HOOK (below).
  */
 #ifndef HAMI_HOOKS_H
 #define HAMI_HOOKS_H
@@ -102,8 +103,9 @@ extern __thread int hami_depth __attribute__((tls_model("initial-exec")));
  * entry points call each other through their exported names, or anything the
  * driver calls back while libvgpu is in it) is the real entry point, tail-called,
  * with no lock taken and nothing charged or throttled. So no body needs to know
- * whether it was called from inside, and no lock of ours is ever taken twice on a
- * thread. Other threads (driver callbacks) have their own depth.
+ * whether it was called from inside, and a driver's inner call never takes a lock
+ * of ours again on the same thread. Other threads (driver callbacks) have their own
+ * depth.
  */
 #define HAMI_HOOK(ret, name, params, args)                                             \
     static ret hami_body_##name(__typeof__(&name) real __attribute__((unused)),          \
