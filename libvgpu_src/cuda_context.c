@@ -126,9 +126,12 @@ static uint64_t measured(const struct snapshot *before, const struct snapshot *a
     }
     if (appeared_count == 1 && appeared->usedGpuMemory != NVML_VALUE_NOT_AVAILABLE_ULL) {
         host_pid = appeared->pid;
-        struct hami_proc_slot *self = hami_region_self();
-        if (self && !__atomic_load_n(&self->host_pid, __ATOMIC_RELAXED))
-            __atomic_store_n(&self->host_pid, (int32_t)host_pid, __ATOMIC_RELAXED);
+        struct hami_proc_slot *self = hami_slot_begin();
+        if (self) {
+            if (!__atomic_load_n(&self->host_pid, __ATOMIC_RELAXED))
+                __atomic_store_n(&self->host_pid, (int32_t)host_pid, __ATOMIC_RELAXED);
+            hami_slot_end();
+        }
         hami_debug("the driver knows this process as pid %u", host_pid);
         return appeared->usedGpuMemory;
     }
@@ -250,20 +253,17 @@ static void creation_end(struct creation *c)
     pthread_mutex_unlock(&ctx_lock);
 }
 
-HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+HAMI_HOOK(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))
 {
-    __typeof__(&cuDevicePrimaryCtxRetain) real = HAMI_REAL(cuDevicePrimaryCtxRetain);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
     int index = hami_region_device_index(dev);
-    if (index < 0 || dev >= MAX_ORDINALS || hami_in_driver)
+    if (index < 0 || dev >= MAX_ORDINALS)
         return real(pctx, dev);
     struct creation c;
     pthread_mutex_lock(&ctx_lock);
     int fresh = !primary[dev].charged;
     pthread_mutex_unlock(&ctx_lock);
     creation_begin(&c, dev, fresh && !primary[dev].charged ? index : -1);
-    CUresult rc = HAMI_CALL(real(pctx, dev));
+    CUresult rc = real(pctx, dev);
     if (rc == CUDA_SUCCESS && c.index >= 0 && pctx && !primary[dev].charged) {
         uint64_t bytes = creation_size(&c);
         if (hami_mem_charge(index, bytes) < 0) {
@@ -300,36 +300,32 @@ static int primary_gone(CUdevice dev)
  * charge goes; a release only when that was the last retain. */
 static CUresult primary_put(CUresult (*real)(CUdevice), CUdevice dev, int reset)
 {
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (hami_in_driver)
-        return real(dev);
     pthread_mutex_lock(&ctx_lock);
-    CUresult rc = HAMI_CALL(real(dev));
+    CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && (reset || primary_gone(dev)))
         drop_primary(dev);
     pthread_mutex_unlock(&ctx_lock);
     return rc;
 }
 
-HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+HAMI_HOOK(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))
 {
-    return primary_put(HAMI_REAL(cuDevicePrimaryCtxRelease_v2), dev, 0);
+    return primary_put(real, dev, 0);
 }
 
-HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+HAMI_HOOK(CUresult, cuDevicePrimaryCtxRelease, (CUdevice dev), (dev))
 {
-    return primary_put(HAMI_REAL(cuDevicePrimaryCtxRelease), dev, 0);
+    return primary_put(real, dev, 0);
 }
 
-HAMI_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+HAMI_HOOK(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev))
 {
-    return primary_put(HAMI_REAL(cuDevicePrimaryCtxReset_v2), dev, 1);
+    return primary_put(real, dev, 1);
 }
 
-HAMI_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+HAMI_HOOK(CUresult, cuDevicePrimaryCtxReset, (CUdevice dev), (dev))
 {
-    return primary_put(HAMI_REAL(cuDevicePrimaryCtxReset), dev, 1);
+    return primary_put(real, dev, 1);
 }
 
 /* ---- created contexts ---- */
@@ -355,47 +351,37 @@ static CUresult created(struct creation *c, CUresult rc, CUcontext *pctx)
     return rc;
 }
 
-HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+HAMI_HOOK(CUresult, cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev),
+          (pctx, flags, dev))
 {
-    __typeof__(&cuCtxCreate_v2) real = HAMI_REAL(cuCtxCreate_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
     struct creation c;
-    creation_begin(&c, dev, hami_in_driver ? -1 : hami_region_device_index(dev));
-    return created(&c, HAMI_CALL(real(pctx, flags, dev)), pctx);
+    creation_begin(&c, dev, hami_region_device_index(dev));
+    return created(&c, real(pctx, flags, dev), pctx);
 }
 
-HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
-                                    unsigned int flags, CUdevice dev)
+HAMI_HOOK(CUresult, cuCtxCreate_v3,
+          (CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+           CUdevice dev),
+          (pctx, paramsArray, numParams, flags, dev))
 {
-    __typeof__(&cuCtxCreate_v3) real = HAMI_REAL(cuCtxCreate_v3);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
     struct creation c;
-    creation_begin(&c, dev, hami_in_driver ? -1 : hami_region_device_index(dev));
-    return created(&c, HAMI_CALL(real(pctx, paramsArray, numParams, flags, dev)), pctx);
+    creation_begin(&c, dev, hami_region_device_index(dev));
+    return created(&c, real(pctx, paramsArray, numParams, flags, dev), pctx);
 }
 
-HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
-                                    unsigned int flags, CUdevice dev)
+HAMI_HOOK(CUresult, cuCtxCreate_v4,
+          (CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev),
+          (pctx, ctxCreateParams, flags, dev))
 {
-    __typeof__(&cuCtxCreate_v4) real = HAMI_REAL(cuCtxCreate_v4);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
     struct creation c;
-    creation_begin(&c, dev, hami_in_driver ? -1 : hami_region_device_index(dev));
-    return created(&c, HAMI_CALL(real(pctx, ctxCreateParams, flags, dev)), pctx);
+    creation_begin(&c, dev, hami_region_device_index(dev));
+    return created(&c, real(pctx, ctxCreateParams, flags, dev), pctx);
 }
 
-HAMI_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+HAMI_HOOK(CUresult, cuCtxDestroy_v2, (CUcontext ctx), (ctx))
 {
-    __typeof__(&cuCtxDestroy_v2) real = HAMI_REAL(cuCtxDestroy_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (hami_in_driver)
-        return real(ctx);
     pthread_mutex_lock(&ctx_lock);
-    CUresult rc = HAMI_CALL(real(ctx));
+    CUresult rc = real(ctx);
     if (rc == CUDA_SUCCESS) {
         struct hami_res res;
         if (hami_res_take(HAMI_RES_CTX, (uint64_t)(uintptr_t)ctx, &res) == 0) {

@@ -27,57 +27,49 @@ static int launch_device_index(void)
 #define LIMITER_STREAM(stream, per_thread)                                                          \
     ((stream) || !(per_thread) ? (stream) : CU_STREAM_PER_THREAD)
 
-#define LAUNCH(name, stream, ...)                                                                   \
+/* Every launch form: through the limiter, then the real entry point. */
+#define LAUNCH(stream, ...)                                                                         \
     do {                                                                                            \
-        __typeof__(&name) real_ = HAMI_REAL(name);                                                  \
-        if (!real_)                                                                                 \
-            return CUDA_ERROR_NOT_FOUND;                                                            \
-        if (hami_in_driver)                                                                         \
-            return real_(__VA_ARGS__);                                                              \
         int dev_ = launch_device_index();                                                           \
         hami_sm_before_launch(dev_, (stream));                                                      \
-        CUresult rc_ = HAMI_CALL(real_(__VA_ARGS__));                                               \
+        CUresult rc_ = real(__VA_ARGS__);                                                           \
         hami_sm_after_launch(dev_, (stream), rc_);                                                  \
         return rc_;                                                                                 \
     } while (0)
 
+#define KERNEL_PARAMS                                                                               \
+    CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,              \
+        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                     \
+        unsigned int sharedMemBytes, CUstream hStream
+#define KERNEL_ARGS                                                                                 \
+    f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream
 
 #define DEFINE_LAUNCH_KERNEL(name, per_thread)                                                      \
-    HAMI_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,           \
-                              unsigned int gridDimZ, unsigned int blockDimX,                        \
-                              unsigned int blockDimY, unsigned int blockDimZ,                       \
-                              unsigned int sharedMemBytes, CUstream hStream,                        \
-                              void **kernelParams, void **extra)                                    \
+    HAMI_HOOK(CUresult, name, (KERNEL_PARAMS, void **kernelParams, void **extra),                   \
+              (KERNEL_ARGS, kernelParams, extra))                                                   \
     {                                                                                               \
-        LAUNCH(name, LIMITER_STREAM(hStream, per_thread), f, gridDimX, gridDimY, gridDimZ,          \
-               blockDimX, blockDimY, blockDimZ,                                                     \
-               sharedMemBytes, hStream, kernelParams, extra);                                       \
+        LAUNCH(LIMITER_STREAM(hStream, per_thread), KERNEL_ARGS, kernelParams, extra);              \
     }
 
 #define DEFINE_LAUNCH_COOPERATIVE(name, per_thread)                                                 \
-    HAMI_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,           \
-                              unsigned int gridDimZ, unsigned int blockDimX,                        \
-                              unsigned int blockDimY, unsigned int blockDimZ,                       \
-                              unsigned int sharedMemBytes, CUstream hStream,                        \
-                              void **kernelParams)                                                  \
+    HAMI_HOOK(CUresult, name, (KERNEL_PARAMS, void **kernelParams), (KERNEL_ARGS, kernelParams))    \
     {                                                                                               \
-        LAUNCH(name, LIMITER_STREAM(hStream, per_thread), f, gridDimX, gridDimY, gridDimZ,          \
-               blockDimX, blockDimY, blockDimZ,                                                     \
-               sharedMemBytes, hStream, kernelParams);                                              \
+        LAUNCH(LIMITER_STREAM(hStream, per_thread), KERNEL_ARGS, kernelParams);                     \
     }
 
 #define DEFINE_LAUNCH_EX(name, per_thread)                                                          \
-    HAMI_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **kernelParams,      \
-                              void **extra)                                                         \
+    HAMI_HOOK(CUresult, name,                                                                       \
+              (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra),      \
+              (config, f, kernelParams, extra))                                                     \
     {                                                                                               \
-        LAUNCH(name, LIMITER_STREAM(config ? config->hStream : NULL, per_thread), config, f,        \
+        LAUNCH(LIMITER_STREAM(config ? config->hStream : NULL, per_thread), config, f,              \
                kernelParams, extra);                                                                \
     }
 
 #define DEFINE_GRAPH_LAUNCH(name, per_thread)                                                       \
-    HAMI_EXPORT CUresult name(CUgraphExec hGraphExec, CUstream hStream)                             \
+    HAMI_HOOK(CUresult, name, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))    \
     {                                                                                               \
-        LAUNCH(name, LIMITER_STREAM(hStream, per_thread), hGraphExec, hStream);                     \
+        LAUNCH(LIMITER_STREAM(hStream, per_thread), hGraphExec, hStream);                           \
     }
 
 DEFINE_LAUNCH_KERNEL(cuLaunchKernel, 0)

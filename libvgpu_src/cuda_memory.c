@@ -23,7 +23,7 @@ static int current_index(CUcontext *ctx)
 {
     CUdevice dev = 0;
     int index = hami_current_device_index(&dev);
-    if (index >= 0 && !hami_in_driver)
+    if (index >= 0)
         hami_reconcile(index, dev);
     CUresult (*get_ctx)(CUcontext *) = HAMI_DRIVER(cuCtxGetCurrent);
     *ctx = NULL;
@@ -52,22 +52,16 @@ void hami_mem_release_ctx(CUcontext ctx)
 
 /* ---- plain, managed, pitch ---- */
 
-#define REAL_OR_FAIL(var, name)                                  \
-    __typeof__(&name) var = HAMI_REAL(name);                     \
-    if (!var)                                                    \
-        return CUDA_ERROR_NOT_FOUND
-
-HAMI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+HAMI_HOOK(CUresult, cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize))
 {
-    REAL_OR_FAIL(real, cuMemAlloc_v2);
     CUcontext ctx;
     int index = current_index(&ctx);
-    if (index < 0 || !dptr || bytesize == 0 || hami_in_driver)
+    if (index < 0 || !dptr || bytesize == 0)
         return real(dptr, bytesize);
     uint64_t charge = pages(bytesize);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = HAMI_CALL(real(dptr, bytesize));
+    CUresult rc = real(dptr, bytesize);
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_MEM, *dptr, index, charge, ctx, NULL);
     else
@@ -75,17 +69,17 @@ HAMI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return rc;
 }
 
-HAMI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+HAMI_HOOK(CUresult, cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags),
+          (dptr, bytesize, flags))
 {
-    REAL_OR_FAIL(real, cuMemAllocManaged);
     CUcontext ctx;
     int index = current_index(&ctx);
-    if (index < 0 || !dptr || bytesize == 0 || hami_in_driver)
+    if (index < 0 || !dptr || bytesize == 0)
         return real(dptr, bytesize, flags);
     uint64_t charge = pages(bytesize);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = HAMI_CALL(real(dptr, bytesize, flags));
+    CUresult rc = real(dptr, bytesize, flags);
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_MEM, *dptr, index, charge, ctx, NULL);
     else
@@ -93,22 +87,23 @@ HAMI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     return rc;
 }
 
-HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
-                                        size_t Height, unsigned int ElementSizeBytes)
+HAMI_HOOK(CUresult, cuMemAllocPitch_v2,
+          (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+           unsigned int ElementSizeBytes),
+          (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes))
 {
-    REAL_OR_FAIL(real, cuMemAllocPitch_v2);
     CUcontext ctx;
     int index = current_index(&ctx);
     uint64_t row = (WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
     if (index < 0 || !dptr || !pPitch || WidthInBytes == 0 || Height == 0 ||
-        row < WidthInBytes || hami_in_driver)
+        row < WidthInBytes)
         return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (Height > UINT64_MAX / row)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t charge = pages(row * Height);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = HAMI_CALL(real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+    CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (rc != CUDA_SUCCESS) {
         hami_mem_uncharge(index, charge);
         return rc;
@@ -249,8 +244,8 @@ static CUresult call_async(enum async_call which, CUdeviceptr *dptr, size_t byte
     if (!fn)
         return CUDA_ERROR_NOT_FOUND;
     if (which == ASYNC_CURRENT || which == ASYNC_CURRENT_PTSZ)
-        return HAMI_CALL(((__typeof__(&cuMemAllocAsync))fn)(dptr, bytes, stream));
-    return HAMI_CALL(((__typeof__(&cuMemAllocFromPoolAsync))fn)(dptr, bytes, pool, stream));
+        return ((__typeof__(&cuMemAllocAsync))fn)(dptr, bytes, stream);
+    return ((__typeof__(&cuMemAllocFromPoolAsync))fn)(dptr, bytes, pool, stream);
 }
 
 static void free_async_now(CUdeviceptr ptr, CUstream stream, struct pool_rec *rec)
@@ -323,8 +318,6 @@ static CUresult pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t byte
 static CUresult pool_alloc_or_plain(enum async_call which, CUdeviceptr *dptr, size_t bytes,
                                     CUmemoryPool pool, CUstream stream, int index)
 {
-    if (hami_in_driver)
-        return call_async(which, dptr, bytes, pool, stream);
     CUresult rc = pool_alloc(which, dptr, bytes, pool, stream, index);
     if (rc != CUDA_ERROR_OUT_OF_MEMORY || !dptr || bytes == 0)
         return rc;
@@ -336,7 +329,7 @@ static CUresult pool_alloc_or_plain(enum async_call which, CUdeviceptr *dptr, si
     CUresult (*get_ctx)(CUcontext *) = HAMI_DRIVER(cuCtxGetCurrent);
     if (get_ctx)
         get_ctx(&ctx);
-    rc = HAMI_CALL(plain(dptr, bytes));
+    rc = plain(dptr, bytes);
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_MEM, *dptr, index, charge, ctx, FALLBACK);
     else
@@ -356,8 +349,7 @@ static CUresult current_pool_alloc(enum async_call which, CUdeviceptr *dptr, siz
         get_pool = HAMI_DRIVER(cuDeviceGetDefaultMemPool);
     if (index < 0 || !get_pool || get_pool(&pool, dev) != CUDA_SUCCESS || !pool)
         return call_async(which, dptr, bytes, NULL, stream);
-    if (!hami_in_driver)
-        hami_reconcile(index, dev);
+    hami_reconcile(index, dev);
     return pool_alloc_or_plain(which, dptr, bytes, pool, stream, index);
 }
 
@@ -371,24 +363,28 @@ static CUresult from_pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t
     return pool_alloc_or_plain(which, dptr, bytes, pool, stream, index);
 }
 
-HAMI_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+HAMI_HOOK(CUresult, cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream),
+          (dptr, bytesize, hStream))
 {
     return current_pool_alloc(ASYNC_CURRENT, dptr, bytesize, hStream);
 }
 
-HAMI_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+HAMI_HOOK(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream),
+          (dptr, bytesize, hStream))
 {
     return current_pool_alloc(ASYNC_CURRENT_PTSZ, dptr, bytesize, hStream);
 }
 
-HAMI_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                             CUstream hStream)
+HAMI_HOOK(CUresult, cuMemAllocFromPoolAsync,
+          (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream),
+          (dptr, bytesize, pool, hStream))
 {
     return from_pool_alloc(ASYNC_POOL, dptr, bytesize, pool, hStream);
 }
 
-HAMI_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                                  CUmemoryPool pool, CUstream hStream)
+HAMI_HOOK(CUresult, cuMemAllocFromPoolAsync_ptsz,
+          (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream),
+          (dptr, bytesize, pool, hStream))
 {
     return from_pool_alloc(ASYNC_POOL_PTSZ, dptr, bytesize, pool, hStream);
 }
@@ -445,8 +441,6 @@ static CUresult free_tracked(CUdeviceptr dptr, CUresult (*release)(CUdeviceptr, 
 {
     struct hami_res res;
     int kind = HAMI_RES_MEM;
-    if (hami_in_driver)
-        return release(dptr, arg);
     if (hami_res_take(HAMI_RES_MEM, dptr, &res) < 0) {
         kind = HAMI_RES_ASYNC;
         if (hami_res_take(HAMI_RES_ASYNC, dptr, &res) < 0)
@@ -459,7 +453,7 @@ static CUresult free_tracked(CUdeviceptr dptr, CUresult (*release)(CUdeviceptr, 
             sync(async_stream(arg));
         release = release_sync;
     }
-    CUresult rc = HAMI_CALL(release(dptr, arg));
+    CUresult rc = release(dptr, arg);
     if (rc != CUDA_SUCCESS) {
         hami_res_put(&res);
         return rc;
@@ -486,26 +480,26 @@ static CUresult release_async(CUdeviceptr dptr, void *arg)
     return real ? real(dptr, a->stream) : CUDA_ERROR_NOT_FOUND;
 }
 
-HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+HAMI_HOOK(CUresult, cuMemFree_v2, (CUdeviceptr dptr), (dptr))
 {
     return free_tracked(dptr, release_sync, NULL);
 }
 
-HAMI_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+HAMI_HOOK(CUresult, cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))
 {
     struct async_free a = {hStream, 0};
     return free_tracked(dptr, release_async, &a);
 }
 
-HAMI_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+HAMI_HOOK(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))
 {
     struct async_free a = {hStream, 1};
     return free_tracked(dptr, release_async, &a);
 }
 
-HAMI_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+HAMI_HOOK(CUresult, cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *poolProps),
+          (pool, poolProps))
 {
-    REAL_OR_FAIL(real, cuMemPoolCreate);
     CUresult rc = real(pool, poolProps);
     if (rc == CUDA_SUCCESS && pool && poolProps &&
         poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
@@ -516,9 +510,9 @@ HAMI_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
     return rc;
 }
 
-HAMI_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+HAMI_HOOK(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep),
+          (pool, minBytesToKeep))
 {
-    REAL_OR_FAIL(real, cuMemPoolTrimTo);
     CUresult rc = real(pool, minBytesToKeep);
     if (rc == CUDA_SUCCESS)
         settle_pool_of(pool);
@@ -528,17 +522,16 @@ HAMI_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 /* The driver destroys a pool with allocations outstanding only once the last of them
  * is freed (it returns at once): its reservation, read while the handle still
  * answers, stays charged until then (pool_freed). */
-HAMI_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+HAMI_HOOK(CUresult, cuMemPoolDestroy, (CUmemoryPool pool), (pool))
 {
-    REAL_OR_FAIL(real, cuMemPoolDestroy);
-    struct pool_rec *rec = hami_in_driver ? NULL : pool_find(pool, -1, 0);
+    struct pool_rec *rec = pool_find(pool, -1, 0);
     if (!rec)
         return real(pool);
     pthread_mutex_lock(&rec->lock);
     int ours = rec->pool == pool && !rec->destroyed;
     if (ours)
         pool_settle(rec);
-    CUresult rc = HAMI_CALL(real(pool));
+    CUresult rc = real(pool);
     if (rc == CUDA_SUCCESS && ours) {
         if (rec->outstanding) {
             pthread_mutex_lock(&pools_lock);
@@ -557,20 +550,21 @@ HAMI_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 /* ---- virtual memory management ---- */
 
-HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                                 const CUmemAllocationProp *prop, unsigned long long flags)
+HAMI_HOOK(CUresult, cuMemCreate,
+          (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+           unsigned long long flags),
+          (handle, size, prop, flags))
 {
-    REAL_OR_FAIL(real, cuMemCreate);
     int index = -1;
     if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
         index = hami_region_device_index(prop->location.id);
-    if (index < 0 || !handle || size == 0 || hami_in_driver)
+    if (index < 0 || !handle || size == 0)
         return real(handle, size, prop, flags);
     hami_reconcile(index, prop->location.id);
     uint64_t charge = size;   /* a multiple of the granularity, or the driver refuses */
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = HAMI_CALL(real(handle, size, prop, flags));
+    CUresult rc = real(handle, size, prop, flags);
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_VMM, *handle, index, charge, NULL, NULL);
     else
@@ -650,41 +644,40 @@ static void vmm_unmapped(CUdeviceptr ptr, size_t size, CUmemGenericAllocationHan
 
 /* The mapping is recorded before the driver makes it, so that a release racing with
  * it keeps the charge. */
-HAMI_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-                              CUmemGenericAllocationHandle handle, unsigned long long flags)
+HAMI_HOOK(CUresult, cuMemMap,
+          (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+           unsigned long long flags),
+          (ptr, size, offset, handle, flags))
 {
-    REAL_OR_FAIL(real, cuMemMap);
-    if (hami_in_driver || !hami_region_get())
+    if (!hami_region_get())
         return real(ptr, size, offset, handle, flags);
     pthread_mutex_lock(&vmm_lock);
     int recorded = grow((void **)&vmm_maps, &vmm_map_cap, vmm_map_count, sizeof *vmm_maps) == 0;
     if (recorded)
         vmm_maps[vmm_map_count++] = (struct vmm_map){ptr, size, handle};
     pthread_mutex_unlock(&vmm_lock);
-    CUresult rc = HAMI_CALL(real(ptr, size, offset, handle, flags));
+    CUresult rc = real(ptr, size, offset, handle, flags);
     if (rc != CUDA_SUCCESS && recorded)
         vmm_unmapped(ptr, size, handle);
     return rc;
 }
 
-HAMI_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+HAMI_HOOK(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size))
 {
-    REAL_OR_FAIL(real, cuMemUnmap);
-    if (hami_in_driver || !hami_region_get())
+    if (!hami_region_get())
         return real(ptr, size);
-    CUresult rc = HAMI_CALL(real(ptr, size));
+    CUresult rc = real(ptr, size);
     if (rc == CUDA_SUCCESS)
         vmm_unmapped(ptr, size, 0);
     return rc;
 }
 
-HAMI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+HAMI_HOOK(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle), (handle))
 {
-    REAL_OR_FAIL(real, cuMemRelease);
     struct hami_res res;
-    if (hami_in_driver || hami_res_take(HAMI_RES_VMM, handle, &res) < 0)
+    if (hami_res_take(HAMI_RES_VMM, handle, &res) < 0)
         return real(handle);
-    CUresult rc = HAMI_CALL(real(handle));
+    CUresult rc = real(handle);
     if (rc != CUDA_SUCCESS) {
         hami_res_put(&res);
         return rc;
@@ -737,40 +730,39 @@ static CUresult array_charged(int index, uint64_t charge, CUresult rc, CUarray *
     return rc;
 }
 
-HAMI_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
+HAMI_HOOK(CUresult, cuArrayCreate_v2, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc),
+          (pHandle, desc))
 {
-    REAL_OR_FAIL(real, cuArrayCreate_v2);
     CUcontext ctx;
     int index = current_index(&ctx);
-    if (index < 0 || !pHandle || !desc || hami_in_driver)
+    if (index < 0 || !pHandle || !desc)
         return real(pHandle, desc);
     uint64_t charge = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return array_charged(index, charge, HAMI_CALL(real(pHandle, desc)), pHandle, ctx);
+    return array_charged(index, charge, real(pHandle, desc), pHandle, ctx);
 }
 
-HAMI_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+HAMI_HOOK(CUresult, cuArray3DCreate_v2, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc),
+          (pHandle, desc))
 {
-    REAL_OR_FAIL(real, cuArray3DCreate_v2);
     CUcontext ctx;
     int index = current_index(&ctx);
-    if (index < 0 || !pHandle || !desc || hami_in_driver)
+    if (index < 0 || !pHandle || !desc)
         return real(pHandle, desc);
     uint64_t charge =
         array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return array_charged(index, charge, HAMI_CALL(real(pHandle, desc)), pHandle, ctx);
+    return array_charged(index, charge, real(pHandle, desc), pHandle, ctx);
 }
 
-HAMI_EXPORT CUresult cuArrayDestroy(CUarray hArray)
+HAMI_HOOK(CUresult, cuArrayDestroy, (CUarray hArray), (hArray))
 {
-    REAL_OR_FAIL(real, cuArrayDestroy);
     struct hami_res res;
-    if (hami_in_driver || hami_res_take(HAMI_RES_ARRAY, (uint64_t)(uintptr_t)hArray, &res) < 0)
+    if (hami_res_take(HAMI_RES_ARRAY, (uint64_t)(uintptr_t)hArray, &res) < 0)
         return real(hArray);
-    CUresult rc = HAMI_CALL(real(hArray));
+    CUresult rc = real(hArray);
     if (rc == CUDA_SUCCESS)
         hami_mem_uncharge(res.dev, res.bytes);
     else
@@ -782,9 +774,8 @@ HAMI_EXPORT CUresult cuArrayDestroy(CUarray hArray)
 
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
-HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+HAMI_HOOK(CUresult, cuMemGetInfo_v2, (size_t *free, size_t *total), (free, total))
 {
-    REAL_OR_FAIL(real, cuMemGetInfo_v2);
     if (!free || !total)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = real(free, total);
@@ -802,9 +793,8 @@ HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     return rc;
 }
 
-HAMI_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+HAMI_HOOK(CUresult, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev), (bytes, dev))
 {
-    REAL_OR_FAIL(real, cuDeviceTotalMem_v2);
     CUresult rc = real(bytes, dev);
     if (rc == CUDA_SUCCESS && bytes) {
         uint64_t limit = hami_mem_limit(hami_region_device_index(dev));

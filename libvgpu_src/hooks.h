@@ -2,13 +2,13 @@
  * Every symbol libvgpu interposes, in one list: X(name, library). The export
  * table, the dlsym map and the cuGetProcAddress map (symbols.c) and the ids
  * used to reach the real driver's entry points are all generated from it.
- * Each listed name is defined once, with its real prototype, by a hook file.
+ * Each listed name is defined once, with its real prototype, by a hook file,
+ * through HAMI_HOOK (below).
  */
 #ifndef HAMI_HOOKS_H
 #define HAMI_HOOKS_H
 
-#include "cuda_api.h"
-#include "nvml_api.h"
+#include "internal.h"
 
 #define HAMI_HOOKS(X) \
     X(cuGetProcAddress, CUDA) \
@@ -81,5 +81,48 @@ void *hami_real(enum hami_hook_id id);
         }                                                                          \
         (__typeof__(&name))(hami_fn_ == (void *)1 ? NULL : hami_fn_);              \
     })
+
+/* The library of each hooked name, and what a hook returns when the driver lacks
+ * the real entry point (CUDA and NVML each have their own "not found"). */
+#define HAMI_HOOK_LIB(name, lib) HAMI_LIB_OF_##name = HAMI_LIB_##lib,
+enum hami_hook_lib { HAMI_HOOKS(HAMI_HOOK_LIB) };
+#undef HAMI_HOOK_LIB
+#define HAMI_MISSING(name) \
+    ((int)HAMI_LIB_OF_##name == (int)HAMI_LIB_CUDA ? (int)CUDA_ERROR_NOT_FOUND : (int)NVML_ERROR_FUNCTION_NOT_FOUND)
+
+/* How many hooks this thread is inside (0 outside libvgpu). */
+extern __thread int hami_depth __attribute__((tls_model("initial-exec")));
+
+#define HAMI_UNPAREN(...) __VA_ARGS__
+
+/*
+ * Defines hooked entry point `name` (listed above) with parameters `params` and the
+ * same names as `args`; the braces that follow are its body, which gets the real
+ * entry point as `real` (never NULL). Re-entrancy is decided here, once for every
+ * hook: a hook reached while this thread is already inside libvgpu (a driver whose
+ * entry points call each other through their exported names, or anything the
+ * driver calls back while libvgpu is in it) is the real entry point, tail-called,
+ * with no lock taken and nothing charged or throttled. So no body needs to know
+ * whether it was called from inside, and a driver's inner call never takes a lock
+ * of ours again on the same thread. Other threads (driver callbacks) have their own
+ * depth.
+ */
+#define HAMI_HOOK(ret, name, params, args)                                             \
+    static ret hami_body_##name(__typeof__(&name) real __attribute__((unused)),          \
+                                HAMI_UNPAREN params);                                    \
+    HAMI_EXPORT ret name params                                                          \
+    {                                                                                    \
+        __typeof__(&name) real = HAMI_REAL(name);                                        \
+        if (!real)                                                                       \
+            return (ret)HAMI_MISSING(name);                                              \
+        if (hami_depth)                                                                  \
+            return real args;                                                            \
+        hami_depth++;                                                                    \
+        ret rc = hami_body_##name(real, HAMI_UNPAREN args);                              \
+        hami_depth--;                                                                    \
+        return rc;                                                                       \
+    }                                                                                    \
+    static ret hami_body_##name(__typeof__(&name) real __attribute__((unused)),          \
+                                HAMI_UNPAREN params)
 
 #endif

@@ -8,18 +8,6 @@
 
 #define HAMI_EXPORT __attribute__((visibility("default")))
 
-/* Depth of driver calls made by libvgpu on this thread. A driver whose entry points
- * call each other through their exported names would reach our hooks again from
- * inside one: those inner calls go straight to the driver, uncounted twice. */
-extern __thread int hami_in_driver __attribute__((tls_model("initial-exec")));
-#define HAMI_CALL(expr)                        \
-    ({                                         \
-        hami_in_driver++;                      \
-        __typeof__(expr) hami_r_ = (expr);     \
-        hami_in_driver--;                      \
-        hami_r_;                               \
-    })
-
 /* symbols.c: the real driver's entry point for `name` (never one of our hooks), or NULL. */
 void *hami_driver_symbol(const char *name);
 
@@ -28,6 +16,11 @@ void *hami_driver_symbol(const char *name);
  * (matched by UUID, so CUDA_VISIBLE_DEVICES reordering cannot mix devices up; -1 if none). */
 struct hami_region *hami_region_get(void);
 struct hami_proc_slot *hami_region_self(void);
+/* The own slot for an update: NULL when there is none, or once the process gives it
+ * back at exit (region.c); a non-NULL one is followed by hami_slot_end() right after
+ * the update (no call out in between), so that release never zeroes it under a writer. */
+struct hami_proc_slot *hami_slot_begin(void);
+void hami_slot_end(void);
 int hami_region_device_index(CUdevice dev);
 /* The driver's UUID of `dev` as "GPU-xxxxxxxx-xxxx-..."; 0, or -1 when the driver cannot tell. */
 int hami_cuda_uuid(CUdevice dev, char *out, size_t len);

@@ -26,34 +26,36 @@ uint64_t hami_mem_container_used(int dev)
     return sum;
 }
 
-static int try_charge(struct hami_proc_slot *self, int dev, uint64_t bytes, uint64_t limit)
+/* 0 when charged (or there is no slot to charge: the process is not limited, or is exiting). */
+static int try_charge(int dev, uint64_t bytes, uint64_t limit)
 {
-    __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
-    if (hami_mem_container_used(dev) <= limit)
+    struct hami_proc_slot *self = hami_slot_begin();
+    if (!self)
         return 0;
-    __atomic_fetch_sub(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
-    return -1;
+    int rc = 0;
+    __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
+    if (limit && hami_mem_container_used(dev) > limit) {
+        __atomic_fetch_sub(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
+        rc = -1;
+    }
+    hami_slot_end();
+    return rc;
 }
 
 int hami_mem_charge(int dev, uint64_t bytes)
 {
     if (dev < 0 || dev >= HAMI_MAX_DEVICES || bytes == 0)
         return 0;
-    struct hami_proc_slot *self = hami_region_self();
-    if (!self)
-        return 0;
     uint64_t limit = hami_mem_limit(dev);
-    if (!limit) {
-        __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
-        return 0;
-    }
+    if (!limit)
+        return try_charge(dev, bytes, 0);
     if (bytes <= limit) {
-        if (try_charge(self, dev, bytes, limit) == 0)
+        if (try_charge(dev, bytes, limit) == 0)
             return 0;
         /* Before refusing: give back what exited processes and released pool memory held. */
         hami_region_reclaim_dead();
         hami_pools_settle_all();
-        if (try_charge(self, dev, bytes, limit) == 0)
+        if (try_charge(dev, bytes, limit) == 0)
             return 0;
     }
     hami_info("device %d: %llu bytes refused (limit %llu, in use %llu)", dev,
@@ -64,9 +66,8 @@ int hami_mem_charge(int dev, uint64_t bytes)
 
 void hami_mem_charge_force(int dev, uint64_t bytes)
 {
-    struct hami_proc_slot *self = hami_region_self();
-    if (self && dev >= 0 && dev < HAMI_MAX_DEVICES && bytes)
-        __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
+    if (dev >= 0 && dev < HAMI_MAX_DEVICES && bytes)
+        try_charge(dev, bytes, 0);
 }
 
 static void sub_clamped(uint64_t *counter, uint64_t bytes)
@@ -79,18 +80,25 @@ static void sub_clamped(uint64_t *counter, uint64_t bytes)
 
 void hami_mem_uncharge(int dev, uint64_t bytes)
 {
-    struct hami_proc_slot *self = hami_region_self();
-    if (self && dev >= 0 && dev < HAMI_MAX_DEVICES && bytes)
+    if (dev < 0 || dev >= HAMI_MAX_DEVICES || !bytes)
+        return;
+    struct hami_proc_slot *self = hami_slot_begin();
+    if (self) {
         sub_clamped(&self->mem_used[dev], bytes);
+        hami_slot_end();
+    }
 }
 
 void hami_ctx_charged(int dev, int64_t delta)
 {
-    struct hami_proc_slot *self = hami_region_self();
-    if (!self || dev < 0 || dev >= HAMI_MAX_DEVICES || !delta)
+    if (dev < 0 || dev >= HAMI_MAX_DEVICES || !delta)
+        return;
+    struct hami_proc_slot *self = hami_slot_begin();
+    if (!self)
         return;
     if (delta > 0)
         __atomic_fetch_add(&self->ctx_used[dev], (uint64_t)delta, __ATOMIC_SEQ_CST);
     else
         sub_clamped(&self->ctx_used[dev], (uint64_t)-delta);
+    hami_slot_end();
 }

@@ -24,22 +24,18 @@ static void virtualise(nvmlDevice_t dev, unsigned long long *total, unsigned lon
     *free = min_ull(cap - mine, physical_free);
 }
 
-HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+HAMI_HOOK(nvmlReturn_t, nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory),
+          (device, memory))
 {
-    __typeof__(&nvmlDeviceGetMemoryInfo) real = HAMI_REAL(nvmlDeviceGetMemoryInfo);
-    if (!real)
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t rc = real(device, memory);
     if (rc == NVML_SUCCESS && memory)
         virtualise(device, &memory->total, &memory->used, &memory->free);
     return rc;
 }
 
-HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+HAMI_HOOK(nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory),
+          (device, memory))
 {
-    __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = HAMI_REAL(nvmlDeviceGetMemoryInfo_v2);
-    if (!real)
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t rc = real(device, memory);
     if (rc == NVML_SUCCESS && memory && hami_mem_limit(hami_region_nvml_index(device))) {
         memory->reserved = 0;
@@ -66,12 +62,9 @@ static int filtering(nvmlDevice_t device)
 }
 
 #define DEFINE_RUNNING_PROCESSES(name, info_type)                                              \
-    HAMI_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount,               \
-                                  info_type *infos)                                           \
+    HAMI_HOOK(nvmlReturn_t, name, (nvmlDevice_t device, unsigned int *infoCount, info_type *infos), \
+              (device, infoCount, infos))                                                     \
     {                                                                                         \
-        __typeof__(&name) real = HAMI_REAL(name);                                             \
-        if (!real)                                                                            \
-            return NVML_ERROR_FUNCTION_NOT_FOUND;                                             \
         nvmlReturn_t rc = real(device, infoCount, infos);                                     \
         if (rc == NVML_SUCCESS && infoCount && infos && filtering(device))                    \
             FILTER_PROCESSES(infos, *infoCount);                                              \

@@ -32,6 +32,10 @@ static struct hami_proc_slot *g_self;
 static int g_self_failed;
 static uint64_t g_self_owner;
 static pthread_mutex_t self_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Updates of the own slot in flight (hami_slot_begin/end), and whether the process
+ * is giving its slot back (exit). */
+static int g_slot_writers;
+static int g_releasing;
 
 /* ---- process identity ---- */
 
@@ -210,6 +214,8 @@ static void forget_slot_in_child(void)
     g_self = NULL;
     g_self_failed = 0;
     g_self_owner = 0;
+    g_slot_writers = 0;   /* the parent's other threads are not here */
+    g_releasing = 0;
     pthread_mutex_init(&self_lock, NULL);
 }
 
@@ -279,6 +285,20 @@ static void zero_slot_usage(struct hami_proc_slot *s)
     STORE(&s->host_pid, 0);
 }
 
+/* The slot is RECLAIMING and `token` was read from its `started_ns`: take the
+ * token, zero the usage, free the slot. 0 when another reclaimer got there first. */
+static int finish_reclaim(struct hami_proc_slot *s, uint64_t token, uint64_t me)
+{
+    if (!CAS(&s->started_ns, &token, me))
+        return 0;
+    zero_slot_usage(s);
+    uint64_t mine = me;
+    CAS(&s->started_ns, &mine, 0);
+    uint64_t reclaiming = HAMI_OWNER_RECLAIMING;
+    CAS(&s->owner, &reclaiming, 0);
+    return 1;
+}
+
 /* While a slot is RECLAIMING, `started_ns` holds the reclaimer's owner value as a
  * token; a reclaimer killed half-way is replaced by the next one (owner_alive fails
  * on its token, and a leftover timestamp never names a live process). */
@@ -296,14 +316,7 @@ static int reclaim_slot(struct hami_proc_slot *s, uint64_t me)
             return 0;
         token = LOAD(&s->started_ns);
     }
-    if (!CAS(&s->started_ns, &token, me))
-        return 0;
-    zero_slot_usage(s);
-    uint64_t mine = me;
-    CAS(&s->started_ns, &mine, 0);
-    uint64_t reclaiming = HAMI_OWNER_RECLAIMING;
-    CAS(&s->owner, &reclaiming, 0);
-    return 1;
+    return finish_reclaim(s, token, me);
 }
 
 int hami_region_reclaim_dead(void)
@@ -365,6 +378,59 @@ struct hami_proc_slot *hami_region_self(void)
     }
     pthread_mutex_unlock(&self_lock);
     return s;
+}
+
+struct hami_proc_slot *hami_slot_begin(void)
+{
+    struct hami_proc_slot *s = hami_region_self();
+    if (!s)
+        return NULL;
+    __atomic_add_fetch(&g_slot_writers, 1, __ATOMIC_SEQ_CST);
+    if (LOAD(&g_releasing)) {   /* of this and the release's check, one sees the other */
+        __atomic_sub_fetch(&g_slot_writers, 1, __ATOMIC_SEQ_CST);
+        return NULL;
+    }
+    return s;
+}
+
+void hami_slot_end(void)
+{
+    __atomic_sub_fetch(&g_slot_writers, 1, __ATOMIC_SEQ_CST);
+}
+
+#define RELEASE_WAIT_NS 1000000000ull
+
+/* A process that exits normally (return from main, exit(), an interpreter's exit)
+ * gives its slot back at once, so that no view counts it once it is gone; a killed
+ * one is reclaimed by the next process that looks (reclaim_slot). Other threads may
+ * still call in: from here on they charge nothing (no slot), and updates already
+ * under way are waited for (at most 1 s, else the slot is left to reclaim) before
+ * the slot is zeroed. Only the process that claimed the slot gives it back: a child
+ * that shares our memory without fork's handlers (vfork, a bare clone) has another
+ * pid and leaves everything as it is. */
+__attribute__((destructor)) static void release_own_slot(void)
+{
+    struct hami_proc_slot *s = __atomic_load_n(&g_self, __ATOMIC_ACQUIRE);
+    uint64_t me = g_self_owner;
+    if (!s || (int)(me >> 32) != (int)getpid())
+        return;
+    pthread_mutex_lock(&self_lock);
+    STORE(&g_releasing, 1);
+    g_self_failed = 1;   /* no thread claims a new slot either */
+    __atomic_store_n(&g_self, NULL, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&self_lock);
+    struct timespec start, now, pause = {0, 100000};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (LOAD(&g_slot_writers) > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((uint64_t)(now.tv_sec - start.tv_sec) * 1000000000ull + (uint64_t)now.tv_nsec -
+                (uint64_t)start.tv_nsec > RELEASE_WAIT_NS)
+            return;
+        nanosleep(&pause, NULL);
+    }
+    uint64_t owner = me;
+    if (CAS(&s->owner, &owner, HAMI_OWNER_RECLAIMING))
+        finish_reclaim(s, LOAD(&s->started_ns), me);
 }
 
 int hami_region_has_pid(unsigned int pid)

@@ -256,9 +256,11 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
             loc->measured_ns += ns;
             sm_charge(st, used - p->charged_ns);
             __atomic_add_fetch(&st->busy_ns, (uint64_t)used, __ATOMIC_RELAXED);
-            struct hami_proc_slot *self = hami_region_self();
-            if (self)
+            struct hami_proc_slot *self = hami_slot_begin();
+            if (self) {
                 __atomic_add_fetch(&self->sm_busy_ns[dev], (uint64_t)used, __ATOMIC_RELAXED);
+                hami_slot_end();
+            }
             loc->estimate_ns = loc->measured_once ? loc->estimate_ns + (used - loc->estimate_ns) / 4 : used;
             loc->measured_once = 1;
         }
@@ -548,9 +550,11 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
     }
     pthread_mutex_unlock(&loc->lock);
     if (result == CUDA_SUCCESS) {
-        struct hami_proc_slot *self = hami_region_self();
-        if (self)
+        struct hami_proc_slot *self = hami_slot_begin();
+        if (self) {
             __atomic_add_fetch(&self->launches[dev], 1, __ATOMIC_RELAXED);
+            hami_slot_end();
+        }
     }
 }
 

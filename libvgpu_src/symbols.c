@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <string.h>
 
-__thread int hami_in_driver __attribute__((tls_model("initial-exec")));
+__thread int hami_depth __attribute__((tls_model("initial-exec")));
 
 struct hook_entry {
     const char *name;
@@ -162,25 +162,21 @@ HAMI_EXPORT void *dlsym(void *__restrict handle, const char *__restrict name)
 
 /* ---- cuGetProcAddress ---- */
 
-HAMI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
-                                      cuuint64_t flags)
+HAMI_HOOK(CUresult, cuGetProcAddress,
+          (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags),
+          (symbol, pfn, cudaVersion, flags))
 {
-    __typeof__(&cuGetProcAddress) real = HAMI_REAL(cuGetProcAddress);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
     CUresult rc = real(symbol, pfn, cudaVersion, flags);
     if (rc == CUDA_SUCCESS && pfn && *pfn)
         *pfn = hook_for_real_address(*pfn);
     return rc;
 }
 
-HAMI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
-                                         cuuint64_t flags,
-                                         CUdriverProcAddressQueryResult *symbolStatus)
+HAMI_HOOK(CUresult, cuGetProcAddress_v2,
+          (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+           CUdriverProcAddressQueryResult *symbolStatus),
+          (symbol, pfn, cudaVersion, flags, symbolStatus))
 {
-    __typeof__(&cuGetProcAddress_v2) real = HAMI_REAL(cuGetProcAddress_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
     CUresult rc = real(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (rc == CUDA_SUCCESS && pfn && *pfn)
         *pfn = hook_for_real_address(*pfn);

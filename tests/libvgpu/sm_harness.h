@@ -83,6 +83,8 @@ struct hami_region *hami_region_get(void)
 }
 
 struct hami_proc_slot *hami_region_self(void) { return harness_slot; }
+struct hami_proc_slot *hami_slot_begin(void) { return harness_slot; }
+void hami_slot_end(void) {}
 
 int hami_region_has_pid(unsigned int pid)
 {

@@ -24,6 +24,17 @@ def test_only_interposed_symbols_are_exported(probe):
     assert exported == hooked_names() | {"dlsym"}
 
 
+def test_every_hook_is_defined_through_hami_hook():
+    """Re-entrancy is decided in HAMI_HOOK alone: no entry point is exported past it
+    (dlsym, which is no driver entry point, aside)."""
+    direct = [f"{path.name}: {line.strip()}"
+              for path in sorted((ROOT / "libvgpu_src").glob("*.c"))
+              for line in path.read_text().splitlines()
+              if "HAMI_EXPORT" in line and not line.lstrip().startswith(("/*", "*"))]
+    assert direct == ["symbols.c: HAMI_EXPORT void *dlsym(void *__restrict handle, "
+                      "const char *__restrict name)"]
+
+
 @pytest.mark.parametrize("name, value", [
     ("CUDA_DEVICE_MEMORY_LIMIT", "banana"),
     ("CUDA_DEVICE_MEMORY_LIMIT", "-5"),

@@ -1,6 +1,9 @@
 """Launches reach the SM limiter whichever way the program found cuLaunchKernel."""
 import pytest
 
+from .conftest import release
+from .test_shared_limit import wait_line
+
 MODES = ["link", "dlsym", "proc", "proc_ptsz"]
 
 
@@ -8,11 +11,14 @@ MODES = ["link", "dlsym", "proc", "proc_ptsz"]
 def test_every_way_of_launching_is_seen(probe, mode):
     from hami_runtime import region
 
-    result = probe.run(mode, "launch", 20, shared=True, CUDA_DEVICE_SM_LIMIT=90)
-    assert result.fields["rc"] == 0
-    with region.open(probe.region) as r:
-        # the exited process keeps its slot until another process reclaims it
-        launches = sum(p.devices[0].launches for p in r.processes())
+    launcher = probe.start(mode, "launch", 20, 60, CUDA_DEVICE_SM_LIMIT=90)
+    try:
+        assert wait_line(launcher, "rc=") == "rc=0\n"
+        with region.open(probe.region) as r:
+            # counted in its slot while it runs (an exited process gives its slot back)
+            launches = sum(p.devices[0].launches for p in r.processes())
+    finally:
+        release(launcher)
     assert launches == 20
 
 

@@ -20,7 +20,8 @@
  *   stress THREADS SEC MAXMIB [START]  threads allocate and free random sizes, from
  *                        the CLOCK_REALTIME second START on
  *   watch SEC            samples NVML device 0 used bytes (no context); prints maxused=N
- *   launch N             N zero-length kernel launches; prints rc=N
+ *   launch N [SEC]       N zero-length kernel launches; prints rc=N, then waits as
+ *                        hold does (SEC, or the end of stdin) before it exits
  *   uuids                the devices' UUIDs, one a line
  *   badfree              frees a pointer never allocated; prints rc=N
  *   nullsafe             cuMemGetInfo / cuDeviceTotalMem with NULL outputs; prints rcs
@@ -42,7 +43,10 @@
  *                        the stream-ordered block (which outlives its context) is
  *                        freed; prints destroy_rc during_rc after_rc
  * KIND: mem pitch managed async pool vmm array array3d
- * Env PROBE_CTX=create uses cuCtxCreate_v2 instead of the primary context;
+ *   ctxview              prints getinfo_used (cuMemGetInfo total - free) and
+ *                        nvml_used (NVML device 0) once the context is open
+ * Env PROBE_CTX=create (create_v3, create_v4) uses cuCtxCreate_v2 (_v3, _v4) instead
+ * of the primary context;
  * PROBE_DEVICE=N works on CUDA device N (default 0).
  * Exit 77 when the driver lacks an entry point the command needs.
  */
@@ -69,6 +73,8 @@
     X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease) \
     X(cuCtxSetCurrent, cuCtxSetCurrent) \
     X(cuCtxCreate_v2, cuCtxCreate) \
+    X(cuCtxCreate_v3, cuCtxCreate) \
+    X(cuCtxCreate_v4, cuCtxCreate) \
     X(cuCtxDestroy_v2, cuCtxDestroy) \
     X(cuCtxSynchronize, cuCtxSynchronize) \
     X(cuMemGetInfo_v2, cuMemGetInfo) \
@@ -159,14 +165,19 @@ static void resolve(const char *mode)
         printf("missing cuGetProcAddress_v2\n");
         exit(77);
     }
-#define PROBE_PROC(name, base)                                                      \
+#define PROBE_PROC_AT(name, base, version)                                           \
     {                                                                               \
         void *fn = NULL;                                                            \
         CUdriverProcAddressQueryResult status;                                      \
-        if (gpa(#base, &fn, 12040, flags, &status) == CUDA_SUCCESS)                 \
+        if (gpa(#base, &fn, version, flags, &status) == CUDA_SUCCESS)               \
             api.name = (__typeof__(&name))fn;                                       \
     }
+#define PROBE_PROC(name, base) PROBE_PROC_AT(name, base, 12040)
     PROBE_API(PROBE_PROC)
+    /* one base name, three variants: each asked for with the version that picks it */
+    PROBE_PROC_AT(cuCtxCreate_v2, cuCtxCreate, 3020)
+    PROBE_PROC_AT(cuCtxCreate_v3, cuCtxCreate, 11040)
+    PROBE_PROC_AT(cuCtxCreate_v4, cuCtxCreate, 12050)
 }
 
 static void open_context(void)
@@ -180,6 +191,12 @@ static void open_context(void)
     if (how && !strcmp(how, "create")) {
         NEED(cuCtxCreate_v2);
         CHECK(api.cuCtxCreate_v2(&context, 0, device));
+    } else if (how && !strcmp(how, "create_v3")) {
+        NEED(cuCtxCreate_v3);
+        CHECK(api.cuCtxCreate_v3(&context, NULL, 0, 0, device));
+    } else if (how && !strcmp(how, "create_v4")) {
+        NEED(cuCtxCreate_v4);
+        CHECK(api.cuCtxCreate_v4(&context, NULL, 0, device));
     } else {
         NEED(cuDevicePrimaryCtxRetain);
         NEED(cuCtxSetCurrent);
@@ -518,7 +535,19 @@ static int cmd_ctxdestroy(size_t bytes, size_t big)
     return 0;
 }
 
-static int cmd_launch(long count)
+/* Until `seconds` have passed or stdin reaches end of file (the test lets go). */
+static void wait_for_release(double seconds)
+{
+    double until = now_s() + seconds;
+    struct pollfd in = {.fd = 0, .events = POLLIN};
+    while (now_s() < until) {
+        char buf[64];
+        if (poll(&in, 1, 10) > 0 && read(0, buf, sizeof buf) <= 0)
+            break;
+    }
+}
+
+static int cmd_launch(long count, double hold)
 {
     NEED(cuModuleLoadData);
     NEED(cuModuleGetFunction);
@@ -535,6 +564,7 @@ static int cmd_launch(long count)
     if (api.cuCtxSynchronize)
         api.cuCtxSynchronize();
     printf("rc=%d\n", (int)rc);
+    wait_for_release(hold);
     return rc == CUDA_SUCCESS ? 0 : 1;
 }
 
@@ -614,6 +644,13 @@ int main(int argc, char **argv)
         printf("total=%zu memtotal=%zu free=%zu\n", total, memtotal, free);
         return 0;
     }
+    if (!strcmp(cmd, "ctxview")) {
+        size_t free = 0, total = 0;
+        NEED(cuMemGetInfo_v2);
+        CHECK(api.cuMemGetInfo_v2(&free, &total));
+        printf("getinfo_used=%zu nvml_used=%llu\n", total - free, nvml_device0(1));
+        return 0;
+    }
     if (!strcmp(cmd, "alloc") && argc > 4) {
         prepare_kind(argv[3]);
         struct block b;
@@ -630,23 +667,17 @@ int main(int argc, char **argv)
     if ((!strcmp(cmd, "hold") || !strcmp(cmd, "churn")) && argc > 5) {
         prepare_kind(argv[3]);
         size_t bytes = strtoull(argv[4], NULL, 10);
-        double until = now_s() + atof(argv[5]);
         struct block b;
         CUresult rc = take(argv[3], bytes, &b);
         printf(!strcmp(cmd, "hold") ? "held rc=%d\n" : "ready rc=%d\n", (int)rc);
         if (!strcmp(cmd, "hold")) {
-            /* until SEC have passed or stdin reaches end of file (the test lets go) */
-            struct pollfd in = {.fd = 0, .events = POLLIN};
-            while (now_s() < until) {
-                char buf[64];
-                if (poll(&in, 1, 10) > 0 && read(0, buf, sizeof buf) <= 0)
-                    break;
-            }
+            wait_for_release(atof(argv[5]));
             if (rc == CUDA_SUCCESS)
                 CHECK(give(argv[3], &b));
             return 0;
         }
         /* keeps BYTES and allocates and frees 2 MiB blocks meanwhile */
+        double until = now_s() + atof(argv[5]);
         while (now_s() < until) {
             struct block small;
             if (take(argv[3], 2u << 20, &small) == CUDA_SUCCESS)
@@ -689,7 +720,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "ctxdestroy") && argc > 4)
         return cmd_ctxdestroy(strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
     if (!strcmp(cmd, "launch") && argc > 3)
-        return cmd_launch(atol(argv[3]));
+        return cmd_launch(atol(argv[3]), argc > 4 ? atof(argv[4]) : 0);
     fprintf(stderr, "vgpu_probe: bad command\n");
     return 2;
 }

@@ -2,6 +2,7 @@
  * lives; destroying it frees everything allocated in it, as the real driver does. */
 #include "sim.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 
 #define CTX_STACK_MAX 64
@@ -32,29 +33,58 @@ CUresult sim_ctx_current_checked(struct sim_ctx **out)
 
 static int valid_device(CUdevice dev) { return dev >= 0 && dev < sim_config()->visible; }
 
-/* Takes the context's device memory and starts its default stream. */
+/* With `self_calls`, an entry point reaches another through its exported name (what
+ * the process's symbol lookup finds first), as a real driver may. */
+static void *exported(const char *name)
+{
+    return dlsym(RTLD_DEFAULT, name);
+}
+
+/* Takes the context's device memory and starts its default stream. With
+ * `self_calls`, one page of that memory is allocated in the new context through
+ * the exported cuMemAlloc_v2 (freed with the context); the total is the same. */
 static CUresult ctx_start(struct sim_ctx *c)
 {
     uint64_t bytes = sim_config()->context_mib * SIM_MIB;
-    if (sim_charge(c->dev, bytes) < 0)
+    uint64_t inner = sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
+    if (inner && ctx_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (sim_charge(c->dev, bytes - inner) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     sim_context_count(c->dev, 1);
     c->null_stream = sim_stream_new(c, 0);
     c->active = 1;
+    if (inner) {
+        __typeof__(&cuMemAlloc_v2) alloc = (__typeof__(&cuMemAlloc_v2))exported("cuMemAlloc_v2");
+        CUdeviceptr ptr;
+        ctx_stack[ctx_depth++] = (CUcontext)c;
+        CUresult rc = alloc ? alloc(&ptr, inner) : CUDA_ERROR_NOT_FOUND;
+        ctx_depth--;
+        if (rc != CUDA_SUCCESS) {
+            c->active = 0;
+            sim_ctx_streams_destroy(c);
+            c->null_stream = NULL;
+            sim_uncharge(c->dev, bytes - inner);
+            sim_context_count(c->dev, -1);
+            return rc;
+        }
+    }
     return CUDA_SUCCESS;
 }
 
 static void ctx_stop(struct sim_ctx *c)
 {
+    uint64_t bytes = sim_config()->context_mib * SIM_MIB;
+    uint64_t inner = sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
     sim_ctx_sync(c);
     sim_ctx_cls_destroy(c);
     c->active = 0;
     sim_ctx_streams_destroy(c);
     c->null_stream = NULL;
     sim_pools_release_ctx(c);
-    sim_free_ctx_allocations(c);
+    sim_free_ctx_allocations(c);   /* the self-called page too */
     sim_free_ctx_arrays(c);
-    sim_uncharge(c->dev, sim_config()->context_mib * SIM_MIB);
+    sim_uncharge(c->dev, bytes - inner);
     sim_context_count(c->dev, -1);
 }
 
@@ -177,8 +207,6 @@ CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return cuDevicePrimaryCtxSetFlags_v2(dev, flags); }
 
-/* Every cuCtxCreate form creates here, not through another exported form, so that an
- * interposer sees each application call once. */
 static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     SIM_REQUIRE_INIT();
@@ -193,24 +221,33 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = dev;
     c->flags = flags;
+    sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);   /* a handle already while it starts */
     CUresult rc = ctx_start(c);
     if (rc != CUDA_SUCCESS) {
+        sim_handle_take((uintptr_t)c, SIM_KIND_CTX);
         free(c);
         return rc;
     }
-    sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
     ctx_stack[ctx_depth++] = (CUcontext)c;
     *pctx = (CUcontext)c;
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return ctx_create(pctx, flags, dev);
+}
 
+/* With `self_calls`: _v4 calls the exported _v3, which calls the exported _v2. */
 CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                         unsigned int flags, CUdevice dev)
 {
     if (numParams < 0 || (numParams > 0 && !paramsArray))
         return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    if (sim_config() && sim_config()->self_calls) {
+        __typeof__(&cuCtxCreate_v2) v2 = (__typeof__(&cuCtxCreate_v2))exported("cuCtxCreate_v2");
+        return v2 ? v2(pctx, flags, dev) : CUDA_ERROR_NOT_FOUND;
+    }
     return ctx_create(pctx, flags, dev);
 }
 
@@ -218,6 +255,10 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, uns
                         CUdevice dev)
 {
     (void)ctxCreateParams;
+    if (sim_config() && sim_config()->self_calls) {
+        __typeof__(&cuCtxCreate_v3) v3 = (__typeof__(&cuCtxCreate_v3))exported("cuCtxCreate_v3");
+        return v3 ? v3(pctx, NULL, 0, flags, dev) : CUDA_ERROR_NOT_FOUND;
+    }
     return ctx_create(pctx, flags, dev);
 }
 

@@ -47,6 +47,7 @@ struct sim_config {
     int cuda_version;
     int stale_seconds;                   /* another pid namespace's process: dead after this long without a heartbeat */
     uint64_t kernel_us;                  /* the run time of a kernel of a real image (no duration parameter) */
+    int self_calls;                      /* 1: entry points call each other through their exported names */
 };
 /* The configuration, read once; NULL (after one stderr line) when it is bad. */
 const struct sim_config *sim_config(void);

@@ -69,6 +69,9 @@ static int apply(struct sim_config *c, const char *key, const char *value)
     } else if (!strcmp(key, "kernel_us")) {
         if (parse_u64(value, 0, 60000000, &v)) return -1;
         c->kernel_us = v;
+    } else if (!strcmp(key, "self_calls")) {
+        if (parse_u64(value, 0, 1, &v)) return -1;
+        c->self_calls = (int)v;
     } else if (!strcmp(key, "name")) {
         return copy_text(value, c->name, sizeof c->name);
     } else if (!strcmp(key, "driver_version")) {
