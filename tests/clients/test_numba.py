@@ -4,6 +4,8 @@ slowing its launches, and two processes sharing one limit."""
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.clients.conftest import LIMIT_MIB, Client
 
 CHUNK_MIB = 64            # programs/numba_client.py allocates in these
@@ -13,8 +15,9 @@ LAUNCHES = 100
 SM_LIMIT = 25
 
 
-def test_device_memory_and_a_kernel(client):
-    out = client.run("numba_client", "basic")
+@pytest.mark.parametrize("linker", [(), ("--driver-linker",)], ids=["nvjitlink", "driver-linker"])
+def test_device_memory_and_a_kernel(client, linker):
+    out = client.run("numba_client", *linker, "basic")
     assert out["detected"] and "1/1 devices are supported" in out["detect_report"]
     assert out["cc"] == [9, 0]
     assert out["total_mib"] == client.total_mib

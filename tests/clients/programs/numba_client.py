@@ -6,16 +6,34 @@
                       simulator runs it for) and the seconds they took
   hold MIB            holds MIB of device arrays, says so, waits for a line on stdin,
                       then fills what is left and reports how much it got
+
+With --driver-linker first, nvJitLink is not found, so kernels are linked with the
+driver's cuLink* calls, as for a user without the nvJitLink wheel.
 """
 import contextlib
 import io
 import json
 import sys
 import time
+import warnings
 
-import numpy as np
-from numba import cuda
-from numba.cuda.cudadrv.driver import CudaAPIError
+if sys.argv[1] == "--driver-linker":
+    del sys.argv[1]
+    import cuda.pathfinder as pathfinder
+
+    find_library = pathfinder.load_nvidia_dynamic_lib
+
+    def without_nvjitlink(name):
+        if name == "nvJitLink":
+            raise pathfinder.DynamicLibNotFoundError("nvJitLink is not installed")
+        return find_library(name)
+
+    pathfinder.load_nvidia_dynamic_lib = without_nvjitlink
+    warnings.filterwarnings("ignore", message="cuda.bindings.nvjitlink is not available")
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+from numba.cuda.cudadrv.driver import CudaAPIError  # noqa: E402
 
 MIB = 1 << 20
 CHUNK_MIB = 64
