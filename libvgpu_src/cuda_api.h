@@ -543,5 +543,18 @@ HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoHAsync_v2, ptsz,
 HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoDAsync_v2, ptsz,
                   (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream))
 HAMI_DECLARE_PTSZ(CUresult, cuMemsetD8Async, ptsz, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream))
+#ifndef HAMI_CHECK_AGAINST_CUDA_H
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+#endif
+CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
+HAMI_DECLARE_PTSZ(CUresult, cuStreamIsCapturing, ptsz, (CUstream hStream, CUstreamCaptureStatus *captureStatus))
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+HAMI_DECLARE_PTSZ(CUresult, cuStreamGetPriority, ptsz, (CUstream hStream, int *priority))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamGetFlags, ptsz, (CUstream hStream, unsigned int *flags))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamGetCtx, ptsz, (CUstream hStream, CUcontext *pctx))
 HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoD_v2, ptds, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount))
 #endif /* HAMI_CUDA_API_H */

@@ -138,7 +138,13 @@
     X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2, 3020, cuMemcpyDtoHAsync_v2_ptsz) \
     X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, 3020, cuMemcpyDtoDAsync_v2_ptsz) \
     X(cuMemsetD8Async, cuMemsetD8Async, 3020, cuMemsetD8Async_ptsz) \
-    X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020, cuMemcpyDtoD_v2_ptds)
+    X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020, cuMemcpyDtoD_v2_ptds) \
+    X(cuCtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange, 5050, NULL) \
+    X(cuStreamCreateWithPriority, cuStreamCreateWithPriority, 5050, NULL) \
+    X(cuStreamGetPriority, cuStreamGetPriority, 5050, cuStreamGetPriority_ptsz) \
+    X(cuStreamGetFlags, cuStreamGetFlags, 5050, cuStreamGetFlags_ptsz) \
+    X(cuStreamGetCtx, cuStreamGetCtx, 9020, cuStreamGetCtx_ptsz) \
+    X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz)
 
 struct proc_row { const char *name; void *fn; int min_version; void *per_thread; };
 

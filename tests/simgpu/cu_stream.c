@@ -21,6 +21,7 @@ struct sim_op {
 struct sim_stream {
     struct sim_ctx *ctx;
     unsigned flags;
+    int priority;                         /* as asked for, within the device's range; 0 by default */
     pthread_mutex_t m;
     pthread_cond_t cv;
     struct sim_op *head, *tail;
@@ -160,6 +161,9 @@ void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg
 }
 
 struct sim_ctx *sim_stream_ctx(struct sim_stream *s) { return s->ctx; }
+unsigned sim_stream_flags(struct sim_stream *s) { return s->flags; }
+int sim_stream_priority(struct sim_stream *s) { return s->priority; }
+void sim_stream_set_priority(struct sim_stream *s, int priority) { s->priority = priority; }
 
 void sim_ctx_sync(struct sim_ctx *ctx)
 {

@@ -165,6 +165,9 @@ void sim_stream_wait_idle(struct sim_stream *s);
 void sim_ctx_sync(struct sim_ctx *ctx);           /* every stream of the context */
 void sim_ctx_streams_destroy(struct sim_ctx *ctx);
 struct sim_ctx *sim_stream_ctx(struct sim_stream *s);
+unsigned sim_stream_flags(struct sim_stream *s);
+int sim_stream_priority(struct sim_stream *s);
+void sim_stream_set_priority(struct sim_stream *s, int priority);
 /* Queues a kernel of `dur_us` microseconds; fn (may be NULL) runs on the worker in order. */
 void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us);
 void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg);
