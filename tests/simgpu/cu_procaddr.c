@@ -109,6 +109,7 @@
     X(cuLibraryUnload, cuLibraryUnload, 12000, NULL) \
     X(cuLibraryGetKernel, cuLibraryGetKernel, 12000, NULL) \
     X(cuLibraryGetModule, cuLibraryGetModule, 12000, NULL) \
+    X(cuLibraryGetGlobal, cuLibraryGetGlobal, 12000, NULL) \
     X(cuKernelGetFunction, cuKernelGetFunction, 12000, NULL) \
     X(cuKernelGetLibrary, cuKernelGetLibrary, 12050, NULL) \
     X(cuKernelGetName, cuKernelGetName, 12030, NULL) \

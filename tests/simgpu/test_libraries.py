@@ -43,6 +43,27 @@ def test_a_library_kernel_launches_where_a_function_does(run_py):
     assert out["after_unload"] == 400  # CUDA_ERROR_INVALID_HANDLE
 
 
+def test_library_globals_have_their_declared_size(run_py):
+    ptx = PTX + ".visible .global .align 4 .u32 counter;\n.global .align 8 .b8 table[24];\n"
+    out = json.loads(run_py(f"""
+        import json
+        c = Cuda(); c.init()
+        lib = ctypes.c_void_p()
+        c.call("cuLibraryLoadData", ctypes.byref(lib), {ptx!r}.encode(), None, None, 0, None, None, 0)
+        res = {{}}
+        for name in ("counter", "table", "missing"):
+            ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+            rc = c.rc("cuLibraryGetGlobal", ctypes.byref(ptr), ctypes.byref(size), lib, name.encode())
+            again = ctypes.c_uint64()
+            c.rc("cuLibraryGetGlobal", ctypes.byref(again), None, lib, name.encode())
+            zero = ctypes.string_at(ptr.value, size.value) == bytes(size.value) if rc == 0 else None
+            res[name] = [rc, size.value, again.value == ptr.value, zero]
+        c.call("cuLibraryUnload", lib)
+        print(json.dumps(res))
+    """))
+    assert out == {"counter": [0, 4, True, True], "table": [0, 24, True, True], "missing": [500, 0, True, None]}
+
+
 def test_linking_gives_back_the_image_until_destroyed(run_py):
     out = json.loads(run_py(f"""
         import json

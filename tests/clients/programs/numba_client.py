@@ -46,6 +46,11 @@ def touch(dur_us, x):
         x[i] = dur_us
 
 
+@cuda.jit(debug=True, opt=False)
+def checked(x):
+    x[0] = 1       # a debug kernel: numba reads its error flag, a global of the module, after launch
+
+
 def fill() -> tuple[list, dict]:
     """Device arrays of CHUNK_MIB until numba refuses; the arrays and how it refused."""
     arrays = []
@@ -77,6 +82,8 @@ def basic() -> dict:
     cuda.current_context().deallocations.clear()
     x = cuda.to_device(np.zeros(256, dtype=np.int64))
     touch[1, 256](7, x)
+    cuda.synchronize()
+    checked[1, 1](x)
     cuda.synchronize()
     out["launched"] = True
     return out
