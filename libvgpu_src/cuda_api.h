@@ -535,6 +535,9 @@ CUresult cuMemHostUnregister(void *p);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
 CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p);
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+CUresult cuProfilerStart(void);
+CUresult cuProfilerStop(void);
 CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
                                 CUdeviceptr ptr);
 HAMI_DECLARE_PTSZ(CUresult, cuMemcpyHtoDAsync_v2, ptsz,

@@ -135,6 +135,9 @@
     X(cuMemHostGetFlags, cuMemHostGetFlags, 2030, NULL) \
     X(cuPointerGetAttribute, cuPointerGetAttribute, 4000, NULL) \
     X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, NULL) \
+    X(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020, NULL) \
+    X(cuProfilerStart, cuProfilerStart, 4000, NULL) \
+    X(cuProfilerStop, cuProfilerStop, 4000, NULL) \
     X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, cuMemcpyHtoDAsync_v2_ptsz) \
     X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2, 3020, cuMemcpyDtoHAsync_v2_ptsz) \
     X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, 3020, cuMemcpyDtoDAsync_v2_ptsz) \

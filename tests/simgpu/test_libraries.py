@@ -137,6 +137,11 @@ def test_pointer_attributes_of_device_host_and_unknown_memory(run_py):
                "host_size": get(12, host.value + 100, ctypes.c_size_t),
                "reg_type": get(2, ctypes.addressof(buf), ctypes.c_uint), "twice": twice,
                "unknown": get(2, 0x1234, ctypes.c_uint)}
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        c.call("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(inner))
+        res["range"] = [base.value == dev, size.value]
+        res["no_range"] = c.rc("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size),
+                               ctypes.c_uint64(0x1234))
         kinds = (ctypes.c_int * 2)(2, 1)
         mtype, mctx = ctypes.c_uint(7), ctypes.c_void_p(7)
         data = (ctypes.c_void_p * 2)(ctypes.cast(ctypes.byref(mtype), ctypes.c_void_p),
@@ -155,7 +160,7 @@ def test_pointer_attributes_of_device_host_and_unknown_memory(run_py):
     assert out == {"dev_type": 2, "dev_start": True, "dev_size": 3 << 20, "dev_ord": 0, "dev_ctx": True,
                    "dev_host": -1, "host_type": 1, "host_size": 8192, "reg_type": 1, "twice": 712,
                    "unknown": -1, "many_rc": 0, "many": [0, None], "mapped_same": True,
-                   "unregister_again": 713, "freed_host": -1}
+                   "unregister_again": 713, "freed_host": -1, "range": [True, 3 << 20], "no_range": 500}
 
 
 def test_copies_on_a_stream_run_in_order(run_py):
