@@ -29,6 +29,7 @@
     X(CUDA_ERROR_UNMAP_FAILED, 206, "unmapping of buffer object failed") \
     X(CUDA_ERROR_ALREADY_MAPPED, 208, "resource already mapped") \
     X(CUDA_ERROR_NOT_MAPPED, 211, "resource not mapped") \
+    X(CUDA_ERROR_INVALID_PTX, 218, "a PTX JIT compilation failed") \
     X(CUDA_ERROR_INVALID_SOURCE, 300, "device kernel image is invalid") \
     X(CUDA_ERROR_FILE_NOT_FOUND, 301, "file not found") \
     X(CUDA_ERROR_OPERATING_SYSTEM, 304, "OS call failed or operation not supported on this OS") \
@@ -278,6 +279,7 @@ CUresult cuInit(unsigned int Flags);
 CUresult cuDriverGetVersion(int *driverVersion);
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 CUresult cuGetErrorString(CUresult error, const char **pStr);
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbolStatus);
@@ -535,7 +537,6 @@ CUresult cuMemHostUnregister(void *p);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
 CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p);
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
-CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 CUresult cuProfilerStart(void);
 CUresult cuProfilerStop(void);
 CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
@@ -547,18 +548,50 @@ HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoHAsync_v2, ptsz,
 HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoDAsync_v2, ptsz,
                   (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream))
 HAMI_DECLARE_PTSZ(CUresult, cuMemsetD8Async, ptsz, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoD_v2, ptds, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount))
+/* ---- what the CUDA runtime (libcudart) and CuPy reach beyond the above ---- */
 #ifndef HAMI_CHECK_AGAINST_CUDA_H
-typedef enum CUstreamCaptureStatus_enum {
-    CU_STREAM_CAPTURE_STATUS_NONE = 0,
-    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
-    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
-} CUstreamCaptureStatus;
+typedef enum CUlimit_enum { CU_LIMIT_STACK_SIZE = 0, CU_LIMIT_MAX = 10 } CUlimit;
+typedef enum CUfunc_cache_enum { CU_FUNC_CACHE_PREFER_NONE = 0, CU_FUNC_CACHE_PREFER_EQUAL = 3 } CUfunc_cache;
+typedef enum CUstreamCaptureStatus_enum { CU_STREAM_CAPTURE_STATUS_NONE = 0 } CUstreamCaptureStatus;
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
+typedef void (*CUhostFn)(void *userData);
 #endif
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpy, ptds, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount))
+HAMI_DECLARE_PTSZ(CUresult, cuMemcpyAsync, ptsz, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD16_v2, ptds, (CUdeviceptr dstDevice, unsigned short us, size_t N))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD32_v2, ptds, (CUdeviceptr dstDevice, unsigned int ui, size_t N))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD16Async, ptsz,
+                  (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream))
+HAMI_DECLARE_PTSZ(CUresult, cuMemsetD32Async, ptsz,
+                  (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream))
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
+CUresult cuCtxGetFlags(unsigned int *flags);
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit);
+CUresult cuCtxSetLimit(CUlimit limit, size_t value);
+CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig);
+CUresult cuCtxSetCacheConfig(CUfunc_cache config);
 CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
-HAMI_DECLARE_PTSZ(CUresult, cuStreamIsCapturing, ptsz, (CUstream hStream, CUstreamCaptureStatus *captureStatus))
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
 HAMI_DECLARE_PTSZ(CUresult, cuStreamGetPriority, ptsz, (CUstream hStream, int *priority))
 HAMI_DECLARE_PTSZ(CUresult, cuStreamGetFlags, ptsz, (CUstream hStream, unsigned int *flags))
 HAMI_DECLARE_PTSZ(CUresult, cuStreamGetCtx, ptsz, (CUstream hStream, CUcontext *pctx))
-HAMI_DECLARE_PTSZ(CUresult, cuMemcpyDtoD_v2, ptds, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamGetId, ptsz, (CUstream hStream, unsigned long long *streamId))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamWaitEvent, ptsz, (CUstream hStream, CUevent hEvent, unsigned int Flags))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamAddCallback, ptsz,
+                  (CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags))
+HAMI_DECLARE_PTSZ(CUresult, cuLaunchHostFunc, ptsz, (CUstream hStream, CUhostFn fn, void *userData))
+HAMI_DECLARE_PTSZ(CUresult, cuEventRecordWithFlags, ptsz, (CUevent hEvent, CUstream hStream, unsigned int flags))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamIsCapturing, ptsz, (CUstream hStream, CUstreamCaptureStatus *captureStatus))
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config);
+CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+
 #endif /* HAMI_CUDA_API_H */

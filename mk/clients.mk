@@ -12,3 +12,12 @@ $(CLIENTS_CU13)/.installed: pyproject.toml | $(VENV)/.installed
 
 test: clients
 .PHONY: clients
+
+# The libcudart client: a C program linked to the libcudart.so.12 of the venv's
+# nvidia-cuda-runtime-cu12 wheel (no CUDA toolkit needed).
+CUDART_PROBE := $(BUILD)/clients/cudart_probe
+clients: $(CUDART_PROBE)
+$(CUDART_PROBE): tests/clients/programs/cudart_probe.c | $(VENV)/.installed
+	@mkdir -p $(dir $@)
+	lib=$$(ls -d $(CURDIR)/$(VENV)/lib/python3*/site-packages/nvidia/cuda_runtime/lib | head -1) && \
+		$(CC) $(BASE_CFLAGS) -o $@ $< -L$$lib -l:libcudart.so.12 -Wl,-rpath,$$lib

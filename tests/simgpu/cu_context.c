@@ -47,6 +47,7 @@ static CUresult ctx_start(struct sim_ctx *c)
 static void ctx_stop(struct sim_ctx *c)
 {
     sim_ctx_sync(c);
+    sim_ctx_cls_destroy(c);
     c->active = 0;
     sim_ctx_streams_destroy(c);
     c->null_stream = NULL;
@@ -66,6 +67,29 @@ static void remove_from_stack(CUcontext ctx)
     ctx_depth = w;
 }
 
+/* The primary context object exists from its first mention on; it is active while retained. */
+static struct sim_ctx *primary_locked(int dev)
+{
+    struct sim_ctx *c = primary[dev];
+    if (!c && (c = calloc(1, sizeof *c))) {
+        c->dev = dev;
+        c->primary = 1;
+        primary[dev] = c;
+        sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
+    }
+    return c;
+}
+
+struct sim_ctx *sim_ctx_primary(int dev)
+{
+    if (!valid_device(dev))
+        return NULL;
+    pthread_mutex_lock(&ctx_lock);
+    struct sim_ctx *c = primary_locked(dev);
+    pthread_mutex_unlock(&ctx_lock);
+    return c;
+}
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     SIM_REQUIRE_INIT();
@@ -75,15 +99,10 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&ctx_lock);
-    struct sim_ctx *c = primary[dev];
-    if (!c) {
-        c = calloc(1, sizeof *c);
-        c->dev = dev;
-        c->primary = 1;
-        primary[dev] = c;
-        sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
-    }
-    if (c->refcount == 0)
+    struct sim_ctx *c = primary_locked(dev);
+    if (!c)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (c->refcount == 0)
         rc = ctx_start(c);
     if (rc == CUDA_SUCCESS) {
         c->refcount++;
@@ -149,16 +168,11 @@ CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&ctx_lock);
-    if (!primary[dev]) {
-        struct sim_ctx *c = calloc(1, sizeof *c);
-        c->dev = dev;
-        c->primary = 1;
-        primary[dev] = c;
-        sim_handle_put((uintptr_t)c, SIM_KIND_CTX, c);
-    }
-    primary[dev]->flags = flags;
+    struct sim_ctx *c = primary_locked(dev);
+    if (c)
+        c->flags = flags;
     pthread_mutex_unlock(&ctx_lock);
-    return CUDA_SUCCESS;
+    return c ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return cuDevicePrimaryCtxSetFlags_v2(dev, flags); }
@@ -217,6 +231,14 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
+/* A primary context can be made current while it is inactive, as on the real driver (the
+ * runtime does so before retaining it); calls in it fail until it is retained. */
+static int ctx_known(CUcontext ctx)
+{
+    struct sim_ctx *c = sim_handle_get((uintptr_t)ctx, SIM_KIND_CTX);
+    return c && (c->active || c->primary);
+}
+
 CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     SIM_REQUIRE_INIT();
@@ -234,7 +256,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
             ctx_depth--;
         return CUDA_SUCCESS;
     }
-    if (!sim_ctx_check(ctx))
+    if (!ctx_known(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     if (ctx_depth == 0)
         ctx_depth = 1;
@@ -245,7 +267,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
 CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     SIM_REQUIRE_INIT();
-    if (!sim_ctx_check(ctx))
+    if (!ctx_known(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     if (ctx_depth >= CTX_STACK_MAX)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -288,5 +310,118 @@ CUresult cuCtxSynchronize(void)
         return rc;
     sim_ctx_sync(c);
     sim_pools_sync_trim(c->dev);
+    return CUDA_SUCCESS;
+}
+
+/* ---- context queries the CUDA runtime makes ---- */
+
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    SIM_REQUIRE_INIT();
+    if (!version)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(ctx ? sim_ctx_check(ctx) : sim_ctx_current()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 3020;  /* every context is made through the 3.2+ API */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = c->flags;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_ctx *c = ctx ? sim_ctx_check(ctx) : sim_ctx_current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctxId)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ctxId = (uintptr_t)c;
+    return CUDA_SUCCESS;
+}
+
+/* Limits as the driver starts them on an H100-like part; set values are kept per context. */
+static const size_t limit_defaults[CU_LIMIT_MAX] = {1024, 1048576, 8388608, 2, 2048, 64, 0, 0, 0, 0};
+
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pvalue || (unsigned)limit >= CU_LIMIT_MAX)
+        return CUDA_ERROR_INVALID_VALUE;  /* CUDA_ERROR_UNSUPPORTED_LIMIT is for known limits */
+    *pvalue = c->limit_set[limit] ? c->limits[limit] : limit_defaults[limit];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((unsigned)limit >= CU_LIMIT_MAX || limit >= 7)  /* the CIG limits can only be read */
+        return CUDA_ERROR_INVALID_VALUE;
+    c->limits[limit] = value;
+    c->limit_set[limit] = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pconfig)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pconfig = (CUfunc_cache)c->cache_config;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCacheConfig(CUfunc_cache config)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((unsigned)config > CU_FUNC_CACHE_PREFER_EQUAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    c->cache_config = config;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (leastPriority)
+        *leastPriority = 0;
+    if (greatestPriority)
+        *greatestPriority = -5;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    SIM_REQUIRE_INIT();
+    if (!canAccessPeer)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev) || !valid_device(peerDev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *canAccessPeer = 0;  /* no peer mappings between simulated cards */
     return CUDA_SUCCESS;
 }

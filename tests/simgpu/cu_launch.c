@@ -1,16 +1,23 @@
-/* Driver API: modules, kernel launches and kernel graphs. Any image loads and any
- * name resolves; a kernel's first parameter is its duration in microseconds
- * (uint64), and it runs for that long on its stream's device. */
+/* Driver API: modules, kernel launches and kernel graphs. Modules are read as the
+ * driver reads them (sim_image.c): cuModuleGetFunction finds only the kernels an
+ * image holds. The simulator's test kernels (`spin`, `sleep_kernel`, `empty`, in a
+ * test image or in a real one that defines them) take their duration in
+ * microseconds as their first parameter (uint64); every other kernel runs for the
+ * configured `kernel_us`. Either way it occupies its stream's device for that long. */
 #include "sim.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-struct sim_module { struct sim_ctx *ctx; };
-struct sim_func { struct sim_module *mod; };
+struct sim_module { struct sim_ctx *ctx; struct sim_image image; };
+struct sim_func {
+    struct sim_module *mod;
+    const char *name;
+    int cache_config;
+};
 
-static CUresult load_module(CUmodule *module)
+static CUresult load_module(CUmodule *module, const void *image)
 {
     struct sim_ctx *ctx;
     CUresult rc = sim_ctx_current_checked(&ctx);
@@ -19,6 +26,11 @@ static CUresult load_module(CUmodule *module)
     struct sim_module *m = calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    rc = sim_image_parse(image, &m->image);
+    if (rc != CUDA_SUCCESS) {
+        free(m);
+        return rc;
+    }
     m->ctx = ctx;
     sim_handle_put((uintptr_t)m, SIM_KIND_MODULE, m);
     *module = (CUmodule)m;
@@ -30,10 +42,29 @@ CUresult cuModuleLoad(CUmodule *module, const char *fname)
     SIM_REQUIRE_INIT();
     if (!module || !fname)
         return CUDA_ERROR_INVALID_VALUE;
-    struct stat st;
-    if (stat(fname, &st) != 0)
+    FILE *f = fopen(fname, "rb");
+    if (!f)
         return CUDA_ERROR_FILE_NOT_FOUND;
-    return load_module(module);
+    char *data = NULL;
+    size_t len = 0, cap = 0, n;
+    do {
+        if (len + 65536 + 1 > cap) {
+            char *grown = realloc(data, cap = (len + 65536 + 1) * 2);
+            if (!grown) {
+                free(data);
+                fclose(f);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            data = grown;
+        }
+        n = fread(data + len, 1, 65536, f);
+        len += n;
+    } while (n > 0);
+    fclose(f);
+    data[len] = '\0';  /* PTX text */
+    CUresult rc = load_module(module, data);
+    free(data);  /* the module keeps what it read, not the bytes */
+    return rc;
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
@@ -41,7 +72,7 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
     SIM_REQUIRE_INIT();
     if (!module || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    return load_module(module);
+    return load_module(module, image);
 }
 
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
@@ -53,8 +84,18 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int nu
     return cuModuleLoadData(module, image);
 }
 
+struct func_key { struct sim_module *mod; const char *name; };
+
 static int func_of_module(void *val, void *arg) { return ((struct sim_func *)val)->mod == arg; }
 
+static int same_func(void *val, void *arg)
+{
+    struct sim_func *f = val;
+    struct func_key *k = arg;
+    return f->mod == k->mod && !strcmp(f->name, k->name);
+}
+
+/* One handle per kernel and module, as the driver returns the same CUfunction each time. */
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
     SIM_REQUIRE_INIT();
@@ -63,13 +104,30 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!hfunc || !name)
         return CUDA_ERROR_INVALID_VALUE;
-    struct sim_func *f = calloc(1, sizeof *f);
-    if (!f)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    f->mod = m;
-    sim_handle_put((uintptr_t)f, SIM_KIND_FUNC, f);
+    const char *kernel = sim_image_kernel(&m->image, name);
+    if (!kernel && !m->image.opaque)
+        return CUDA_ERROR_NOT_FOUND;
+    struct func_key key = {m, name};
+    struct sim_func *f = sim_handle_find(SIM_KIND_FUNC, same_func, &key);
+    if (!f) {
+        char *own = kernel ? NULL : strdup(name);
+        if (!(f = calloc(1, sizeof *f)) || (!kernel && !own)) {
+            free(f);
+            free(own);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *f = (struct sim_func){.mod = m, .name = kernel ? kernel : own};
+        sim_handle_put((uintptr_t)f, SIM_KIND_FUNC, f);
+    }
     *hfunc = (CUfunction)f;
     return CUDA_SUCCESS;
+}
+
+static void func_free(struct sim_func *f)
+{
+    if (!sim_image_kernel(&f->mod->image, f->name))
+        free((char *)f->name);
+    free(f);
 }
 
 CUresult cuModuleUnload(CUmodule hmod)
@@ -81,11 +139,41 @@ CUresult cuModuleUnload(CUmodule hmod)
     struct sim_func *f;
     while ((f = sim_handle_find(SIM_KIND_FUNC, func_of_module, m))) {
         sim_handle_take((uintptr_t)f, SIM_KIND_FUNC);
-        free(f);
+        func_free(f);
     }
+    sim_image_free(&m->image);
     free(m);
     return CUDA_SUCCESS;
 }
+
+/* ---- what the runtime asks of a kernel beyond its attributes (cu_function.c) ---- */
+
+CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_func *f = sim_handle_get((uintptr_t)hfunc, SIM_KIND_FUNC);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if ((unsigned)config > CU_FUNC_CACHE_PREFER_EQUAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    f->cache_config = config;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetName(const char **name, CUfunction hfunc)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_func *f = sim_handle_get((uintptr_t)hfunc, SIM_KIND_FUNC);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+/* How long a kernel runs: a test kernel's first parameter, else the configured time. */
+static CUresult kernel_time(struct sim_func *f, void **kernelParams, void **extra, uint64_t *dur_us);
 
 /* The kernel's duration: its first parameter, from kernelParams or the packed `extra` buffer. */
 static CUresult kernel_duration(void **kernelParams, void **extra, uint64_t *dur_us)
@@ -113,6 +201,14 @@ static CUresult kernel_duration(void **kernelParams, void **extra, uint64_t *dur
             memcpy(dur_us, buffer, sizeof *dur_us);
     }
     return CUDA_SUCCESS;
+}
+
+static CUresult kernel_time(struct sim_func *f, void **kernelParams, void **extra, uint64_t *dur_us)
+{
+    if (sim_image_test_kernel(f->name))
+        return kernel_duration(kernelParams, extra, dur_us);
+    *dur_us = sim_config()->kernel_us;
+    return kernelParams && extra ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
 struct launch {
@@ -146,7 +242,8 @@ static CUresult launch(const struct launch *l)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     uint64_t dur_us;
-    rc = kernel_duration(l->params, l->extra, &dur_us);
+    rc = kernel_time(sim_handle_get((uintptr_t)sim_kernel_resolve(l->f), SIM_KIND_FUNC), l->params, l->extra,
+                     &dur_us);
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_stream_enqueue_kernel(s, dur_us);
@@ -240,7 +337,8 @@ CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const
     if (!sim_handle_get((uintptr_t)nodeParams->func, SIM_KIND_FUNC))
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t dur_us;
-    CUresult rc = kernel_duration(nodeParams->kernelParams, nodeParams->extra, &dur_us);
+    CUresult rc = kernel_time(sim_handle_get((uintptr_t)nodeParams->func, SIM_KIND_FUNC), nodeParams->kernelParams,
+                              nodeParams->extra, &dur_us);
     if (rc != CUDA_SUCCESS)
         return rc;
     struct graph_node *nodes = realloc(g->nodes, (g->count + 1) * sizeof *nodes);

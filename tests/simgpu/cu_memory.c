@@ -252,3 +252,120 @@ CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
     return cuMemsetD8_v2(dstDevice, uc, N);
 }
+
+/* ---- what the CUDA runtime adds: address ranges, unified copies, 16- and 32-bit fills ---- */
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_alloc *a = sim_alloc_containing((uintptr_t)dptr, 0);
+    if (!a)
+        return CUDA_ERROR_NOT_FOUND;
+    if (pbase)
+        *pbase = (CUdeviceptr)a->base;
+    if (psize)
+        *psize = a->size;
+    return CUDA_SUCCESS;
+}
+
+/* Any address a copy may touch: device memory, mapped VMM memory, or host memory (the simulator's
+ * device pointers are host mappings, so unified addressing is plain memory). */
+static CUresult copy_checked(uintptr_t dst, uintptr_t src, size_t n)
+{
+    if (n && (!dst || !src))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (n)
+        memmove((void *)dst, (const void *)src, n);
+    return CUDA_SUCCESS;
+}
+
+static int device_addr_ok(uintptr_t p, size_t n)
+{
+    return n == 0 || sim_alloc_containing(p, n) || sim_vmm_accessible(p, n);
+}
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_ctx_sync(ctx);
+    return copy_checked((uintptr_t)dst, (uintptr_t)src, ByteCount);
+}
+
+/* Stream-ordered copies and fills: the stream's earlier work finishes first, then the bytes move
+ * before the call returns (as the driver does for pageable host memory). */
+static CUresult stream_ready(CUstream hStream)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS)
+        sim_stream_wait_idle(s);
+    return rc;
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+    CUresult rc = stream_ready(hStream);
+    return rc == CUDA_SUCCESS ? copy_checked((uintptr_t)dst, (uintptr_t)src, ByteCount) : rc;
+}
+
+static void fill(uintptr_t dst, const void *value, size_t width, size_t n)
+{
+    unsigned char *p = (unsigned char *)dst;
+    for (size_t i = 0; i < n; i++)
+        memcpy(p + i * width, value, width);
+}
+
+static CUresult memset_sync(CUdeviceptr dst, const void *value, size_t width, size_t n)
+{
+    struct sim_ctx *ctx;
+    if (n > SIZE_MAX / width)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = device_range(dst, n * width, &ctx);
+    if (rc == CUDA_SUCCESS && dst % width)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        fill((uintptr_t)dst, value, width, n);
+    return rc;
+}
+
+static CUresult memset_async(CUdeviceptr dst, const void *value, size_t width, size_t n, CUstream hStream)
+{
+    SIM_REQUIRE_INIT();
+    if (n > SIZE_MAX / width || dst % width || !device_addr_ok((uintptr_t)dst, n * width))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = stream_ready(hStream);
+    if (rc == CUDA_SUCCESS)
+        fill((uintptr_t)dst, value, width, n);
+    return rc;
+}
+
+CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
+{
+    return memset_sync(dstDevice, &us, sizeof us, N);
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
+{
+    return memset_sync(dstDevice, &ui, sizeof ui, N);
+}
+
+CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
+{
+    return memset_async(dstDevice, &us, sizeof us, N, hStream);
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
+{
+    return memset_async(dstDevice, &ui, sizeof ui, N, hStream);
+}
+
+/* The legacy and per-thread default streams are one stream here: the per-thread names are aliases. */
+SIM_PER_THREAD(cuMemcpy, ptds)
+SIM_PER_THREAD(cuMemcpyAsync, ptsz)
+SIM_PER_THREAD(cuMemsetD16_v2, ptds)
+SIM_PER_THREAD(cuMemsetD32_v2, ptds)
+SIM_PER_THREAD(cuMemsetD16Async, ptsz)
+SIM_PER_THREAD(cuMemsetD32Async, ptsz)

@@ -111,16 +111,3 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute 
     }
     return CUDA_SUCCESS;
 }
-
-CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
-{
-    SIM_REQUIRE_INIT();
-    struct sim_alloc *a = sim_alloc_containing((uintptr_t)dptr, 1);
-    if (!a)
-        return CUDA_ERROR_NOT_FOUND;
-    if (pbase)
-        *pbase = (CUdeviceptr)a->base;
-    if (psize)
-        *psize = a->size;
-    return CUDA_SUCCESS;
-}

@@ -27,6 +27,7 @@ struct sim_pool {
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_pool *pools;
 static struct sim_pool *default_pool[SIM_MAX_DEVICES];
+static struct sim_pool *current_pool[SIM_MAX_DEVICES];  /* cuDeviceSetMemPool; NULL: the default */
 
 static uint64_t pool_bytes(size_t size) { return sim_round_up(size, POOL_ALIGN); }
 
@@ -187,7 +188,42 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
+/* The pool cuMemAllocAsync takes from: the one set for the device, else its default. */
+static struct sim_pool *current_pool_of(int dev)
+{
+    pthread_mutex_lock(&pools_lock);
+    struct sim_pool *p = current_pool[dev];
+    pthread_mutex_unlock(&pools_lock);
+    return p ? p : default_pool_of(dev);
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    SIM_REQUIRE_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= sim_config()->visible)
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct sim_pool *p = current_pool_of(dev);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    SIM_REQUIRE_INIT();
+    if (dev < 0 || dev >= sim_config()->visible)
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct sim_pool *p = sim_handle_get((uintptr_t)pool, SIM_KIND_POOL);
+    if (!p || p->dev != dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_lock);
+    current_pool[dev] = p->is_default ? NULL : p;
+    pthread_mutex_unlock(&pools_lock);
+    return CUDA_SUCCESS;
+}
 
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct sim_pool *p, CUstream hStream)
 {
@@ -198,7 +234,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct sim_pool 
     if (!dptr || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_ctx *ctx = sim_stream_ctx(s);
-    if (!p && !(p = default_pool_of(ctx->dev)))
+    if (!p && !(p = current_pool_of(ctx->dev)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     return pool_alloc(p, bytesize, ctx, dptr);
 }
@@ -275,6 +311,8 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&pools_lock);
     p->destroyed = 1;
+    if (current_pool[p->dev] == p)  /* the device goes back to its default pool */
+        current_pool[p->dev] = NULL;
     int idle = p->used == 0;
     if (idle)
         pool_unlink_locked(p);

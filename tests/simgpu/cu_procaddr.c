@@ -8,6 +8,8 @@
  */
 #include "sim.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define SIM_PROCS(X) \
@@ -135,7 +137,6 @@
     X(cuMemHostGetFlags, cuMemHostGetFlags, 2030, NULL) \
     X(cuPointerGetAttribute, cuPointerGetAttribute, 4000, NULL) \
     X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, NULL) \
-    X(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020, NULL) \
     X(cuProfilerStart, cuProfilerStart, 4000, NULL) \
     X(cuProfilerStop, cuProfilerStop, 4000, NULL) \
     X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, cuMemcpyHtoDAsync_v2_ptsz) \
@@ -143,12 +144,41 @@
     X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, 3020, cuMemcpyDtoDAsync_v2_ptsz) \
     X(cuMemsetD8Async, cuMemsetD8Async, 3020, cuMemsetD8Async_ptsz) \
     X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020, cuMemcpyDtoD_v2_ptds) \
+    SIM_PROCS_RUNTIME(X)
+
+/* What the CUDA runtime (libcudart) and CuPy reach beyond the rows above. */
+#define SIM_PROCS_RUNTIME(X) \
+    X(cuGetExportTable, cuGetExportTable, 3000, NULL) \
+    X(cuDeviceSetMemPool, cuDeviceSetMemPool, 11020, NULL) \
+    X(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020, NULL) \
+    X(cuMemcpy, cuMemcpy, 4000, cuMemcpy_ptds) \
+    X(cuMemcpyAsync, cuMemcpyAsync, 4000, cuMemcpyAsync_ptsz) \
+    X(cuMemsetD16, cuMemsetD16_v2, 3020, cuMemsetD16_v2_ptds) \
+    X(cuMemsetD32, cuMemsetD32_v2, 3020, cuMemsetD32_v2_ptds) \
+    X(cuMemsetD16Async, cuMemsetD16Async, 3020, cuMemsetD16Async_ptsz) \
+    X(cuMemsetD32Async, cuMemsetD32Async, 3020, cuMemsetD32Async_ptsz) \
+    X(cuCtxGetApiVersion, cuCtxGetApiVersion, 3020, NULL) \
+    X(cuCtxGetFlags, cuCtxGetFlags, 7000, NULL) \
+    X(cuCtxGetId, cuCtxGetId, 12000, NULL) \
+    X(cuCtxGetLimit, cuCtxGetLimit, 3010, NULL) \
+    X(cuCtxSetLimit, cuCtxSetLimit, 3010, NULL) \
+    X(cuCtxGetCacheConfig, cuCtxGetCacheConfig, 3020, NULL) \
+    X(cuCtxSetCacheConfig, cuCtxSetCacheConfig, 3020, NULL) \
     X(cuCtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange, 5050, NULL) \
+    X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000, NULL) \
     X(cuStreamCreateWithPriority, cuStreamCreateWithPriority, 5050, NULL) \
     X(cuStreamGetPriority, cuStreamGetPriority, 5050, cuStreamGetPriority_ptsz) \
     X(cuStreamGetFlags, cuStreamGetFlags, 5050, cuStreamGetFlags_ptsz) \
     X(cuStreamGetCtx, cuStreamGetCtx, 9020, cuStreamGetCtx_ptsz) \
-    X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz)
+    X(cuStreamGetId, cuStreamGetId, 12000, cuStreamGetId_ptsz) \
+    X(cuStreamWaitEvent, cuStreamWaitEvent, 3020, cuStreamWaitEvent_ptsz) \
+    X(cuStreamAddCallback, cuStreamAddCallback, 5000, cuStreamAddCallback_ptsz) \
+    X(cuLaunchHostFunc, cuLaunchHostFunc, 10000, cuLaunchHostFunc_ptsz) \
+    X(cuEventRecordWithFlags, cuEventRecordWithFlags, 11010, cuEventRecordWithFlags_ptsz) \
+    X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz) \
+    X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, 10010, NULL) \
+    X(cuFuncSetCacheConfig, cuFuncSetCacheConfig, 3000, NULL) \
+    X(cuFuncGetName, cuFuncGetName, 12030, NULL)
 
 struct proc_row { const char *name; void *fn; int min_version; void *per_thread; };
 
@@ -177,6 +207,8 @@ static CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint6
         *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->per_thread ? best->per_thread
                                                                                             : best->fn;
     }
+    if (!best && getenv("HAMI_SIM_TRACE"))
+        fprintf(stderr, "hami-sim: cuGetProcAddress(%s, %d): not provided\n", symbol, cudaVersion);
     if (status)
         *status = st;
     return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;

@@ -21,7 +21,8 @@ struct sim_op {
 struct sim_stream {
     struct sim_ctx *ctx;
     unsigned flags;
-    int priority;                         /* as asked for, within the device's range; 0 by default */
+    int priority;
+    uint64_t id;                          /* cuStreamGetId: unique in the process */
     pthread_mutex_t m;
     pthread_cond_t cv;
     struct sim_op *head, *tail;
@@ -77,8 +78,10 @@ struct sim_stream *sim_stream_new(struct sim_ctx *ctx, unsigned flags)
     struct sim_stream *s = calloc(1, sizeof *s);
     if (!s)
         abort();
+    static _Atomic uint64_t next_id = 1;
     s->ctx = ctx;
     s->flags = flags;
+    s->id = next_id++;
     pthread_mutex_init(&s->m, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_lock(&streams_lock);
@@ -161,9 +164,6 @@ void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg
 }
 
 struct sim_ctx *sim_stream_ctx(struct sim_stream *s) { return s->ctx; }
-unsigned sim_stream_flags(struct sim_stream *s) { return s->flags; }
-int sim_stream_priority(struct sim_stream *s) { return s->priority; }
-void sim_stream_set_priority(struct sim_stream *s, int priority) { s->priority = priority; }
 
 void sim_ctx_sync(struct sim_ctx *ctx)
 {
@@ -402,3 +402,175 @@ CUresult cuEventDestroy_v2(CUevent hEvent)
 }
 
 CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
+
+/* ---- what the CUDA runtime adds: priorities, queries, cross-stream waits, host callbacks ---- */
+
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    CUresult rc = cuStreamCreate(phStream, flags);
+    if (rc == CUDA_SUCCESS)  /* clamped to the range cuCtxGetStreamPriorityRange reports */
+        ((struct sim_stream *)*phStream)->priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
+    return rc;
+}
+
+CUresult cuStreamGetPriority(CUstream hStream, int *priority)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS && !priority)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *priority = s->priority;
+    return rc;
+}
+
+CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS && !flags)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *flags = s->flags;
+    return rc;
+}
+
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS && !pctx)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *pctx = (CUcontext)s->ctx;
+    return rc;
+}
+
+CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS && !streamId)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *streamId = s->id;
+    return rc;
+}
+
+/* The stream waits for the event's latest record issued before this call. */
+static void wait_record(void *arg)
+{
+    struct record_op *r = arg;
+    pthread_mutex_lock(&events_lock);
+    while (r->ev->done < r->gen)
+        pthread_cond_wait(&events_cv, &events_lock);
+    event_unref_locked(r->ev);
+    pthread_mutex_unlock(&events_lock);
+    free(r);
+}
+
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (Flags & ~1u)  /* CU_EVENT_WAIT_EXTERNAL */
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct record_op *r = malloc(sizeof *r);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&events_lock);
+    r->ev = ev;
+    r->gen = ev->recorded;
+    ev->refs++;
+    pthread_mutex_unlock(&events_lock);
+    sim_stream_enqueue_call(s, wait_record, r);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    if (flags & ~1u)  /* CU_EVENT_RECORD_EXTERNAL */
+        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return cuEventRecord(hEvent, hStream);
+}
+
+struct host_call { CUstream stream; CUstreamCallback callback; CUhostFn fn; void *user; };
+
+static void run_host_call(void *arg)
+{
+    struct host_call *c = arg;
+    if (c->callback)
+        c->callback(c->stream, CUDA_SUCCESS, c->user);
+    else
+        c->fn(c->user);
+    free(c);
+}
+
+static CUresult enqueue_host_call(CUstream hStream, CUstreamCallback callback, CUhostFn fn, void *user)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct host_call *c = malloc(sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = (struct host_call){hStream, callback, fn, user};
+    sim_stream_enqueue_call(s, run_host_call, c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags)
+{
+    if (!callback || flags)
+        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return enqueue_host_call(hStream, callback, NULL, userData);
+}
+
+CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
+{
+    if (!fn)
+        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return enqueue_host_call(hStream, NULL, fn, userData);
+}
+
+/* Stream capture (graphs from streams) is not simulated: no stream is ever capturing. */
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS && !captureStatus)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
+    return rc;
+}
+
+static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    SIM_REQUIRE_INIT();
+    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+SIM_PER_THREAD(cuStreamGetPriority, ptsz)
+SIM_PER_THREAD(cuStreamGetFlags, ptsz)
+SIM_PER_THREAD(cuStreamGetCtx, ptsz)
+SIM_PER_THREAD(cuStreamGetId, ptsz)
+SIM_PER_THREAD(cuStreamWaitEvent, ptsz)
+SIM_PER_THREAD(cuEventRecordWithFlags, ptsz)
+SIM_PER_THREAD(cuStreamAddCallback, ptsz)
+SIM_PER_THREAD(cuLaunchHostFunc, ptsz)
+SIM_PER_THREAD(cuStreamIsCapturing, ptsz)

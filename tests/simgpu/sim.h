@@ -46,6 +46,7 @@ struct sim_config {
     char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     int cuda_version;
     int stale_seconds;                   /* another pid namespace's process: dead after this long without a heartbeat */
+    uint64_t kernel_us;                  /* the run time of a kernel of a real image (no duration parameter) */
 };
 /* The configuration, read once; NULL (after one stderr line) when it is bad. */
 const struct sim_config *sim_config(void);
@@ -123,6 +124,22 @@ void *sim_handle_take(uintptr_t key, int kind);
 /* First value of `kind` for which match(val, arg) is true, or NULL. */
 void *sim_handle_find(int kind, int (*match)(void *val, void *arg), void *arg);
 
+/* ---- module images (sim_image.c, libcuda only) ---- */
+enum sim_image_kind { SIM_IMAGE_TEST = 1, SIM_IMAGE_FATBIN, SIM_IMAGE_ELF, SIM_IMAGE_PTX };
+struct sim_image {
+    enum sim_image_kind kind;
+    int opaque;                          /* holds entries not parsed (compressed): any name resolves */
+    char **names;                        /* its kernels */
+    size_t count;
+};
+/* Reads an image as cuModuleLoadData gets it; CUDA_ERROR_INVALID_IMAGE when it is malformed. */
+CUresult sim_image_parse(const void *image, struct sim_image *img);
+/* The kernel's name as the image holds it, or NULL. */
+const char *sim_image_kernel(const struct sim_image *img, const char *name);
+void sim_image_free(struct sim_image *img);
+/* Whether `name` is one of the simulator's test kernels (first parameter: duration in µs). */
+int sim_image_test_kernel(const char *name);
+
 /* ---- driver-side objects (libcuda only) ---- */
 struct sim_stream;
 struct sim_ctx {
@@ -132,6 +149,10 @@ struct sim_ctx {
     int refcount;                        /* primary contexts: retain count */
     unsigned flags;
     struct sim_stream *null_stream;      /* legacy and per-thread default stream */
+    struct sim_cls *cls;                 /* context-local storage (cu_export.c) */
+    size_t limits[10];                   /* cuCtxSetLimit values, where limit_set */
+    unsigned char limit_set[10];
+    int cache_config;
 };
 
 struct sim_alloc {
@@ -144,6 +165,10 @@ struct sim_alloc {
     struct sim_pool *pool;               /* pool allocations */
 };
 
+/* The per-thread-default-stream export of `name`: the same function, as the legacy and the
+ * per-thread default stream are one stream per context here. */
+#define SIM_PER_THREAD(name, suffix) extern __typeof__(name) name##_##suffix __attribute__((alias(#name)));
+
 extern int sim_cuda_initialised;
 #define SIM_REQUIRE_INIT() do { if (!sim_cuda_initialised) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
 
@@ -151,6 +176,13 @@ extern int sim_cuda_initialised;
 struct sim_ctx *sim_ctx_check(CUcontext ctx);     /* NULL unless a live context */
 struct sim_ctx *sim_ctx_current(void);            /* NULL when none or not live */
 CUresult sim_ctx_current_checked(struct sim_ctx **out);
+/* The device's primary context, made (inactive) if it does not exist yet; NULL for a bad ordinal. */
+struct sim_ctx *sim_ctx_primary(int dev);
+/* cu_export.c: calls the destructors of a context's local storage and empties it */
+void sim_ctx_cls_destroy(struct sim_ctx *ctx);
+const void *const *sim_export_runtime_table(void);
+/* cu_export_check.c: the runtime's driver check table */
+const void *const *sim_export_check_table(void);
 /* cu_memory.c */
 CUresult sim_alloc_device(struct sim_ctx *ctx, size_t size, CUdeviceptr *out);
 void sim_free_ctx_allocations(struct sim_ctx *ctx);
@@ -165,9 +197,6 @@ void sim_stream_wait_idle(struct sim_stream *s);
 void sim_ctx_sync(struct sim_ctx *ctx);           /* every stream of the context */
 void sim_ctx_streams_destroy(struct sim_ctx *ctx);
 struct sim_ctx *sim_stream_ctx(struct sim_stream *s);
-unsigned sim_stream_flags(struct sim_stream *s);
-int sim_stream_priority(struct sim_stream *s);
-void sim_stream_set_priority(struct sim_stream *s, int priority);
 /* Queues a kernel of `dur_us` microseconds; fn (may be NULL) runs on the worker in order. */
 void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us);
 void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg);

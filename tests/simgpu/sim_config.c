@@ -66,6 +66,9 @@ static int apply(struct sim_config *c, const char *key, const char *value)
     } else if (!strcmp(key, "stale_seconds")) {
         if (parse_u64(value, 1, 3600, &v)) return -1;
         c->stale_seconds = (int)v;
+    } else if (!strcmp(key, "kernel_us")) {
+        if (parse_u64(value, 0, 60000000, &v)) return -1;
+        c->kernel_us = v;
     } else if (!strcmp(key, "name")) {
         return copy_text(value, c->name, sizeof c->name);
     } else if (!strcmp(key, "driver_version")) {
@@ -146,7 +149,7 @@ static void load(void)
     struct sim_config c = {
         .devices = 2, .memory_mib = 16384, .sms = 132, .name = "HAMi Simulated GPU",
         .context_mib = 300, .driver_version = "550.54.15", .cuda_version = 12040,
-        .stale_seconds = 10,
+        .stale_seconds = 10, .kernel_us = 10,
     };
     const char *path = getenv("HAMI_SIM_CONFIG");
     if (path && *path && load_file(path, &c))

@@ -1,0 +1,194 @@
+/*
+ * Module images: what kind an image is and which kernels it holds, read the
+ * way the driver reads them (nothing is compiled or run).
+ *
+ * - fat binary: the wrapper the compiler emits (magic 0x466243B1, pointing at
+ *   the fat binary) or the fat binary itself (magic 0xBA55ED50, a 16-byte
+ *   header, then entries: a header of `header_size` bytes, then
+ *   `payload_size` bytes of PTX text or an ELF cubin). Compressed entries
+ *   (LZ4/Zstandard) are not decompressed: an image with one is "opaque" and
+ *   any kernel name resolves in it.
+ * - ELF cubin: the kernels are its global function symbols.
+ * - PTX text: the kernels are its `.entry` directives.
+ * - anything else is a simulator test image (a short string such as "any
+ *   image"): it holds the test kernels `spin`, `sleep_kernel` and `empty`.
+ * A test kernel's first parameter is its duration in microseconds, in whatever
+ * image it is (cu_launch.c).
+ */
+#include "sim.h"
+
+#include <ctype.h>
+#include <elf.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WRAPPER_MAGIC 0x466243b1u
+#define FATBIN_MAGIC 0xba55ed50u
+#define ENTRY_PTX 1
+#define ENTRY_ELF 2
+#define ENTRY_COMPRESSED (0x2000ull | 0x8000ull)  /* LZ4, Zstandard */
+
+struct fatbin_wrapper { uint32_t magic, version; const void *data; const void *prelinked; };
+struct fatbin_header { uint32_t magic; uint16_t version, header_size; uint64_t size; };
+struct fatbin_entry {
+    uint16_t kind, version;
+    uint32_t header_size;
+    uint64_t payload_size;
+    uint32_t compressed_size, unknown1, unknown2, sm_version, bit_width, unknown3;
+    uint64_t flags;
+};
+
+static const char *const test_kernels[] = {"spin", "sleep_kernel", "empty"};
+
+static int add_name(struct sim_image *img, const char *name, size_t len)
+{
+    if (len == 0)
+        return 0;
+    for (size_t i = 0; i < img->count; i++)
+        if (strlen(img->names[i]) == len && !memcmp(img->names[i], name, len))
+            return 0;
+    char **names = realloc(img->names, (img->count + 1) * sizeof *names);
+    if (!names)
+        return -1;
+    img->names = names;
+    if (!(names[img->count] = strndup(name, len)))
+        return -1;
+    img->count++;
+    return 0;
+}
+
+static int ptx_ident(int c) { return isalnum(c) || c == '_' || c == '$' || c == '%'; }
+
+/* `.entry name(` for every kernel of a PTX text of `len` bytes. */
+static int parse_ptx(const char *text, size_t len, struct sim_image *img)
+{
+    static const char directive[] = ".entry";
+    const size_t dlen = sizeof directive - 1;
+    for (size_t i = 0; i + dlen < len; i++) {
+        if (memcmp(text + i, directive, dlen) || !isspace((unsigned char)text[i + dlen]) ||
+            (i > 0 && ptx_ident((unsigned char)text[i - 1])))
+            continue;
+        size_t p = i + dlen;
+        while (p < len && isspace((unsigned char)text[p]))
+            p++;
+        size_t start = p;
+        while (p < len && ptx_ident((unsigned char)text[p]))
+            p++;
+        if (add_name(img, text + start, p - start) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int looks_like_ptx(const char *text, size_t len)
+{
+    return memmem(text, len, ".version", 8) || memmem(text, len, ".entry", 6);
+}
+
+/* Global functions of a 64-bit ELF; `len` bounds every read (SIZE_MAX: trust the headers). */
+static int parse_elf(const unsigned char *elf, size_t len, struct sim_image *img)
+{
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)elf;
+    if (len < sizeof *eh || eh->e_ident[EI_CLASS] != ELFCLASS64 || eh->e_shentsize != sizeof(Elf64_Shdr) ||
+        eh->e_shoff > len || eh->e_shnum > (len - eh->e_shoff) / sizeof(Elf64_Shdr))
+        return -1;
+    const Elf64_Shdr *sh = (const Elf64_Shdr *)(elf + eh->e_shoff);
+    for (unsigned i = 0; i < eh->e_shnum; i++) {
+        if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum)
+            continue;
+        const Elf64_Shdr *strtab = &sh[sh[i].sh_link];
+        if (sh[i].sh_offset > len || sh[i].sh_size > len - sh[i].sh_offset || strtab->sh_offset > len ||
+            strtab->sh_size > len - strtab->sh_offset)
+            return -1;
+        const Elf64_Sym *sym = (const Elf64_Sym *)(elf + sh[i].sh_offset);
+        const char *names = (const char *)elf + strtab->sh_offset;
+        for (size_t k = 0; k < sh[i].sh_size / sizeof *sym; k++) {
+            if (ELF64_ST_TYPE(sym[k].st_info) != STT_FUNC || ELF64_ST_BIND(sym[k].st_info) != STB_GLOBAL ||
+                sym[k].st_name >= strtab->sh_size)
+                continue;
+            const char *name = names + sym[k].st_name;
+            if (add_name(img, name, strnlen(name, strtab->sh_size - sym[k].st_name)) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+static int parse_fatbin(const struct fatbin_header *fh, struct sim_image *img)
+{
+    if (fh->version != 1 || fh->header_size < sizeof *fh)
+        return -1;
+    const unsigned char *p = (const unsigned char *)fh + fh->header_size, *end = p + fh->size;
+    while (p + sizeof(struct fatbin_entry) <= end) {
+        const struct fatbin_entry *e = (const struct fatbin_entry *)p;
+        if (e->header_size < sizeof *e || e->payload_size > (uint64_t)(end - p) - e->header_size)
+            return -1;
+        const unsigned char *payload = p + e->header_size;
+        if (e->flags & ENTRY_COMPRESSED)
+            img->opaque = 1;
+        else if (e->kind == ENTRY_PTX && parse_ptx((const char *)payload, e->payload_size, img) < 0)
+            return -1;
+        else if (e->kind == ENTRY_ELF && parse_elf(payload, e->payload_size, img) < 0)
+            return -1;
+        p = payload + e->payload_size;
+    }
+    return 0;
+}
+
+CUresult sim_image_parse(const void *image, struct sim_image *img)
+{
+    *img = (struct sim_image){0};
+    uint32_t magic = 0;  /* the binary magics have no zero byte: a shorter text is never one */
+    if (strnlen(image, sizeof magic) == sizeof magic)
+        memcpy(&magic, image, sizeof magic);
+    int rc = 0;
+    if (magic == WRAPPER_MAGIC) {
+        const struct fatbin_wrapper *w = image;
+        img->kind = SIM_IMAGE_FATBIN;
+        if (!w->data || ((const struct fatbin_header *)w->data)->magic != FATBIN_MAGIC)
+            return CUDA_ERROR_INVALID_IMAGE;
+        rc = parse_fatbin(w->data, img);
+    } else if (magic == FATBIN_MAGIC) {
+        img->kind = SIM_IMAGE_FATBIN;
+        rc = parse_fatbin(image, img);
+    } else if (magic && !memcmp(image, ELFMAG, SELFMAG)) {
+        img->kind = SIM_IMAGE_ELF;
+        rc = parse_elf(image, SIZE_MAX, img);
+    } else if (looks_like_ptx(image, strlen(image))) {
+        img->kind = SIM_IMAGE_PTX;
+        rc = parse_ptx(image, strlen(image), img);
+    } else {
+        img->kind = SIM_IMAGE_TEST;
+        for (size_t i = 0; i < sizeof test_kernels / sizeof *test_kernels && rc == 0; i++)
+            rc = add_name(img, test_kernels[i], strlen(test_kernels[i]));
+    }
+    if (rc < 0) {
+        sim_image_free(img);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    return CUDA_SUCCESS;
+}
+
+int sim_image_test_kernel(const char *name)
+{
+    for (size_t i = 0; i < sizeof test_kernels / sizeof *test_kernels; i++)
+        if (!strcmp(test_kernels[i], name))
+            return 1;
+    return 0;
+}
+
+const char *sim_image_kernel(const struct sim_image *img, const char *name)
+{
+    for (size_t i = 0; i < img->count; i++)
+        if (!strcmp(img->names[i], name))
+            return img->names[i];
+    return NULL;
+}
+
+void sim_image_free(struct sim_image *img)
+{
+    for (size_t i = 0; i < img->count; i++)
+        free(img->names[i]);
+    free(img->names);
+    *img = (struct sim_image){0};
+}
