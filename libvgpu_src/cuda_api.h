@@ -474,6 +474,8 @@ CUresult cuLibraryUnload(CUlibrary library);
 CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name);
 CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library);
 CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name);
+CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib);
+CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int numKernels, CUlibrary lib);
 CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel);
 CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel);
 CUresult cuKernelGetName(const char **name, CUkernel hfunc);

@@ -136,10 +136,15 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *j
     if (!library || !code || check_options(numJitOptions, jitOptions, jitOptionsValues) ||
         check_options(numLibraryOptions, libraryOptions, libraryOptionValues))
         return CUDA_ERROR_INVALID_VALUE;
+    struct sim_image img;
+    CUresult rc = sim_image_parse(code, &img);  /* a malformed image is refused at once */
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_image_free(&img);
     const struct fatbin_wrapper *w = code;
     if (w->magic == 0x466243b1u && w->data)
         code = w->data;
-    CUresult rc = library_new(library, code, image_size(code));
+    rc = library_new(library, code, image_size(code));
     if (rc != CUDA_SUCCESS || !sim_ctx_current())
         return rc;
     /* with a context current, a bad image is refused at once */
@@ -310,6 +315,39 @@ CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *na
     pthread_mutex_unlock(&lib->lock);
     *pKernel = (CUkernel)k;
     return CUDA_SUCCESS;
+}
+
+/* The kernels the image holds that the simulator can read (a compressed fatbin entry's are not). */
+CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_library *l = sim_handle_get((uintptr_t)lib, SIM_KIND_LIBRARY);
+    if (!l)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_image img;
+    CUresult rc = sim_image_parse(l->image, &img);
+    if (rc == CUDA_SUCCESS)
+        *count = (unsigned)img.count;
+    sim_image_free(&img);
+    return rc;
+}
+
+CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int numKernels, CUlibrary lib)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_library *l = sim_handle_get((uintptr_t)lib, SIM_KIND_LIBRARY);
+    if (!l)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!kernels || !numKernels)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_image img;
+    CUresult rc = sim_image_parse(l->image, &img);
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < img.count && i < numKernels; i++)
+        rc = cuLibraryGetKernel(&kernels[i], lib, img.names[i]);
+    sim_image_free(&img);
+    return rc;
 }
 
 CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)

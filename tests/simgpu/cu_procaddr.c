@@ -112,6 +112,8 @@
     X(cuLibraryGetKernel, cuLibraryGetKernel, 12000, NULL) \
     X(cuLibraryGetModule, cuLibraryGetModule, 12000, NULL) \
     X(cuLibraryGetGlobal, cuLibraryGetGlobal, 12000, NULL) \
+    X(cuLibraryGetKernelCount, cuLibraryGetKernelCount, 12040, NULL) \
+    X(cuLibraryEnumerateKernels, cuLibraryEnumerateKernels, 12040, NULL) \
     X(cuKernelGetFunction, cuKernelGetFunction, 12000, NULL) \
     X(cuKernelGetLibrary, cuKernelGetLibrary, 12050, NULL) \
     X(cuKernelGetName, cuKernelGetName, 12030, NULL) \

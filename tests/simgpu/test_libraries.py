@@ -43,6 +43,30 @@ def test_a_library_kernel_launches_where_a_function_does(run_py):
     assert out["after_unload"] == 400  # CUDA_ERROR_INVALID_HANDLE
 
 
+def test_a_library_lists_its_kernels_and_refuses_a_bad_image(run_py):
+    two = PTX + ".visible .entry other(.param .u64 p)\n{\n ret;\n}\n"
+    out = json.loads(run_py(f"""
+        import json, struct
+        c = Cuda(); c.call("cuInit", 0)              # no context: libraries do not need one
+        lib = ctypes.c_void_p()
+        c.call("cuLibraryLoadData", ctypes.byref(lib), {two!r}.encode(), None, None, 0, None, None, 0)
+        count = ctypes.c_uint()
+        c.call("cuLibraryGetKernelCount", ctypes.byref(count), lib)
+        kernels = (ctypes.c_void_p * 4)()
+        c.call("cuLibraryEnumerateKernels", kernels, count.value, lib)
+        names = []
+        for k in kernels[:count.value]:
+            name = ctypes.c_char_p()
+            c.call("cuKernelGetName", ctypes.byref(name), ctypes.c_void_p(k))
+            names.append(name.value.decode())
+        wrapper = ctypes.create_string_buffer(16)
+        struct.pack_into("<IIQ", wrapper, 0, 0x466243B1, 1, ctypes.addressof(wrapper))
+        bad = c.rc("cuLibraryLoadData", ctypes.byref(ctypes.c_void_p()), wrapper, None, None, 0, None, None, 0)
+        print(json.dumps({{"count": count.value, "names": sorted(names), "bad": bad}}))
+    """))
+    assert out == {"count": 2, "names": ["other", "spin"], "bad": 200}  # CUDA_ERROR_INVALID_IMAGE
+
+
 def test_library_globals_have_their_declared_size(run_py):
     ptx = PTX + ".visible .global .align 4 .u32 counter;\n.global .align 8 .b8 table[24];\n"
     out = json.loads(run_py(f"""
