@@ -41,8 +41,10 @@ def test_sm_limit_slows_launches(tmp_path):
     limited = launch_seconds(tmp_path / "limited", CUDA_DEVICE_SM_LIMIT=str(SM_LIMIT))
     busy = LAUNCHES * KERNEL_US / 1e6
     assert unlimited >= 0.8 * busy, f"{unlimited:.2f} s for {busy:.2f} s of kernels"
-    # at a quarter of the SM, the same work takes about four times as long
-    assert limited > 2 * unlimited, f"limited {limited:.2f} s, unlimited {unlimited:.2f} s"
+    # at a quarter of the SM the same work takes about four times as long: at least
+    # half of that, and clearly longer than unlimited however loaded the machine is
+    assert limited >= 0.5 * busy * 100 / SM_LIMIT, f"limited {limited:.2f} s for {busy:.2f} s of kernels"
+    assert limited > 1.5 * unlimited, f"limited {limited:.2f} s, unlimited {unlimited:.2f} s"
 
 
 def finish(proc) -> dict:
