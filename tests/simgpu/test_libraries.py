@@ -150,6 +150,12 @@ def test_pointer_attributes_of_device_host_and_unknown_memory(run_py):
         buf = ctypes.create_string_buffer(4096)
         c.call("cuMemHostRegister_v2", buf, ctypes.c_size_t(4096), 0)
         twice = c.rc("cuMemHostRegister_v2", buf, ctypes.c_size_t(4096), 0)
+        around = ctypes.create_string_buffer(3 * 4096)
+        c.call("cuMemHostUnregister", buf)
+        c.call("cuMemHostRegister_v2", ctypes.byref(around, 4096), ctypes.c_size_t(4096), 0)
+        covering = c.rc("cuMemHostRegister_v2", around, ctypes.c_size_t(3 * 4096), 0)
+        c.call("cuMemHostUnregister", ctypes.byref(around, 4096))
+        c.call("cuMemHostRegister_v2", buf, ctypes.c_size_t(4096), 0)
         def get(attr, ptr, ctype):
             v = ctype(); rc = c.rc("cuPointerGetAttribute", ctypes.byref(v), attr, ctypes.c_uint64(ptr))
             return v.value if rc == 0 else -rc
@@ -159,7 +165,7 @@ def test_pointer_attributes_of_device_host_and_unknown_memory(run_py):
                "dev_ctx": get(1, inner, ctypes.c_void_p) == ctx.value, "dev_host": get(4, inner, ctypes.c_void_p),
                "host_type": get(2, host.value + 100, ctypes.c_uint),
                "host_size": get(12, host.value + 100, ctypes.c_size_t),
-               "reg_type": get(2, ctypes.addressof(buf), ctypes.c_uint), "twice": twice,
+               "reg_type": get(2, ctypes.addressof(buf), ctypes.c_uint), "twice": twice, "covering": covering,
                "unknown": get(2, 0x1234, ctypes.c_uint)}
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
         c.call("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(inner))
@@ -182,7 +188,7 @@ def test_pointer_attributes_of_device_host_and_unknown_memory(run_py):
         print(json.dumps(res))
     """))
     assert out == {"dev_type": 2, "dev_start": True, "dev_size": 3 << 20, "dev_ord": 0, "dev_ctx": True,
-                   "dev_host": -1, "host_type": 1, "host_size": 8192, "reg_type": 1, "twice": 712,
+                   "dev_host": -1, "host_type": 1, "host_size": 8192, "reg_type": 1, "twice": 712, "covering": 712,
                    "unknown": -1, "many_rc": 0, "many": [0, None], "mapped_same": True,
                    "unregister_again": 713, "freed_host": -1, "range": [True, 3 << 20], "no_range": 500}
 
