@@ -4,6 +4,8 @@ slowing its launches, and two processes sharing one limit."""
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.clients.conftest import LIMIT_MIB, Client
 
 CHUNK_MIB = 64            # programs/numba_client.py allocates in these
@@ -13,8 +15,9 @@ LAUNCHES = 100
 SM_LIMIT = 25
 
 
-def test_device_memory_and_a_kernel(client):
-    out = client.run("numba_client", "basic")
+@pytest.mark.parametrize("linker", [(), ("--driver-linker",)], ids=["nvjitlink", "driver-linker"])
+def test_device_memory_and_a_kernel(client, linker):
+    out = client.run("numba_client", *linker, "basic")
     assert out["detected"] and "1/1 devices are supported" in out["detect_report"]
     assert out["cc"] == [9, 0]
     assert out["total_mib"] == client.total_mib
@@ -29,7 +32,7 @@ def launch_seconds(workdir: Path, **env) -> float:
     client = Client(workdir, "libvgpu")
     with open(workdir / "sim.conf", "a") as conf:  # a compiled kernel runs the configured time
         conf.write(f"kernel_us = {KERNEL_US}\n")
-    out = client.run("numba_client", "launches", LAUNCHES, KERNEL_US, env=env)
+    out = client.run("numba_client", "launches", LAUNCHES, env=env)
     return out["seconds"]
 
 
@@ -38,8 +41,10 @@ def test_sm_limit_slows_launches(tmp_path):
     limited = launch_seconds(tmp_path / "limited", CUDA_DEVICE_SM_LIMIT=str(SM_LIMIT))
     busy = LAUNCHES * KERNEL_US / 1e6
     assert unlimited >= 0.8 * busy, f"{unlimited:.2f} s for {busy:.2f} s of kernels"
-    # at a quarter of the SM, the same work takes about four times as long
-    assert limited > 2 * unlimited, f"limited {limited:.2f} s, unlimited {unlimited:.2f} s"
+    # at a quarter of the SM the same work takes about four times as long: at least
+    # half of that, and clearly longer than unlimited however loaded the machine is
+    assert limited >= 0.5 * busy * 100 / SM_LIMIT, f"limited {limited:.2f} s for {busy:.2f} s of kernels"
+    assert limited > 1.5 * unlimited, f"limited {limited:.2f} s, unlimited {unlimited:.2f} s"
 
 
 def finish(proc) -> dict:

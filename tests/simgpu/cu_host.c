@@ -92,13 +92,18 @@ CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
     if (!p || !bytesize || Flags & ~(unsigned)(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
                                                CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY))
         return CUDA_ERROR_INVALID_VALUE;
-    uintptr_t base;
+    uintptr_t start = (uintptr_t)p, base;
     size_t size;
     unsigned flags;
-    if (sim_host_range((uintptr_t)p, &base, &size, &flags) ||
-        sim_host_range((uintptr_t)p + bytesize - 1, &base, &size, &flags))
+    if (sim_host_range(start, &base, &size, &flags) || sim_host_range(start + bytesize - 1, &base, &size, &flags))
         return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    return add_range((uintptr_t)p, bytesize, Flags, 1);
+    int inside = 0;                      /* a known range lying wholly within the new one */
+    pthread_mutex_lock(&ranges_lock);
+    find_locked(0);                      /* drops freed allocations */
+    for (struct host_range *r = ranges; r && !inside; r = r->next)
+        inside = r->base >= start && r->base - start < bytesize;
+    pthread_mutex_unlock(&ranges_lock);
+    return inside ? CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED : add_range(start, bytesize, Flags, 1);
 }
 
 CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)

@@ -15,11 +15,20 @@ struct ctx_module {
     struct ctx_module *next;
 };
 
+struct ctx_global {
+    struct sim_ctx *ctx;
+    char *name;
+    CUdeviceptr ptr;
+    size_t size;
+    struct ctx_global *next;
+};
+
 struct sim_library {
     void *image;
     size_t size;
-    pthread_mutex_t lock;                /* guards modules and every kernel's functions */
+    pthread_mutex_t lock;                /* guards modules, globals and every kernel's functions */
     struct ctx_module *modules;
+    struct ctx_global *globals;
 };
 
 struct ctx_function {
@@ -127,10 +136,15 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *j
     if (!library || !code || check_options(numJitOptions, jitOptions, jitOptionsValues) ||
         check_options(numLibraryOptions, libraryOptions, libraryOptionValues))
         return CUDA_ERROR_INVALID_VALUE;
+    struct sim_image img;
+    CUresult rc = sim_image_parse(code, &img);  /* a malformed image is refused at once */
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_image_free(&img);
     const struct fatbin_wrapper *w = code;
     if (w->magic == 0x466243b1u && w->data)
         code = w->data;
-    CUresult rc = library_new(library, code, image_size(code));
+    rc = library_new(library, code, image_size(code));
     if (rc != CUDA_SUCCESS || !sim_ctx_current())
         return rc;
     /* with a context current, a bad image is refused at once */
@@ -195,6 +209,14 @@ CUresult cuLibraryUnload(CUlibrary library)
         }
         free(k->name);
         free(k);
+    }
+    for (struct ctx_global *g = lib->globals, *next; g; g = next) {
+        next = g->next;
+        struct sim_alloc *a = sim_ctx_check((CUcontext)g->ctx) ? sim_handle_take(g->ptr, SIM_KIND_ALLOC) : NULL;
+        if (a)
+            sim_alloc_release(a);
+        free(g->name);
+        free(g);
     }
     for (struct ctx_module *m = lib->modules, *next; m; m = next) {
         next = m->next;
@@ -295,6 +317,39 @@ CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *na
     return CUDA_SUCCESS;
 }
 
+/* The kernels the image holds that the simulator can read (a compressed fatbin entry's are not). */
+CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_library *l = sim_handle_get((uintptr_t)lib, SIM_KIND_LIBRARY);
+    if (!l)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_image img;
+    CUresult rc = sim_image_parse(l->image, &img);
+    if (rc == CUDA_SUCCESS)
+        *count = (unsigned)img.count;
+    sim_image_free(&img);
+    return rc;
+}
+
+CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int numKernels, CUlibrary lib)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_library *l = sim_handle_get((uintptr_t)lib, SIM_KIND_LIBRARY);
+    if (!l)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!kernels || !numKernels)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_image img;
+    CUresult rc = sim_image_parse(l->image, &img);
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < img.count && i < numKernels; i++)
+        rc = cuLibraryGetKernel(&kernels[i], lib, img.names[i]);
+    sim_image_free(&img);
+    return rc;
+}
+
 CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
 {
     SIM_REQUIRE_INIT();
@@ -361,4 +416,120 @@ CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel ker
     if (dev < 0 || dev >= sim_config()->visible)
         return CUDA_ERROR_INVALID_DEVICE;
     return sim_func_attr_set((uintptr_t)kernel, attrib, val);
+}
+
+/* ---- global variables: found in the library's image, given device memory per context ---- */
+
+/* An ELF cubin's object symbol: its size and, when it has initial data, where that is. */
+static int elf_global(const unsigned char *p, size_t len, const char *name, size_t *bytes, const void **init)
+{
+    uint64_t shoff = read_le(p + 0x28, 8), shentsize = read_le(p + 0x3a, 2), shnum = read_le(p + 0x3c, 2);
+    if (shoff + shnum * shentsize > len)
+        return 0;
+    for (uint64_t i = 0; i < shnum; i++) {
+        const unsigned char *sh = p + shoff + i * shentsize;
+        if (read_le(sh + 4, 4) != 2)     /* SHT_SYMTAB */
+            continue;
+        uint64_t off = read_le(sh + 0x18, 8), size = read_le(sh + 0x20, 8), link = read_le(sh + 0x28, 4);
+        if (link >= shnum || off + size > len)
+            return 0;
+        const unsigned char *strtab = p + shoff + link * shentsize;
+        uint64_t str_off = read_le(strtab + 0x18, 8), str_size = read_le(strtab + 0x20, 8);
+        if (str_off + str_size > len)
+            return 0;
+        for (uint64_t at = off; at + 24 <= off + size; at += 24) {
+            const unsigned char *sym = p + at;
+            uint64_t sname = read_le(sym, 4), shndx = read_le(sym + 6, 2);
+            if ((sym[4] & 0xf) != 1 /* STT_OBJECT */ || sname >= str_size ||
+                strncmp((const char *)p + str_off + sname, name, str_size - sname) || !shndx || shndx >= shnum)
+                continue;
+            const unsigned char *sec = p + shoff + shndx * shentsize;
+            uint64_t value = read_le(sym + 8, 8), sec_off = read_le(sec + 0x18, 8);
+            *bytes = read_le(sym + 16, 8);
+            *init = read_le(sec + 4, 4) == 1 && sec_off + value + *bytes <= len ? p + sec_off + value : NULL;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A PTX `.global` variable: `.global [.align N] .TYPE name[COUNT]...;` (zero-initialised here). */
+static int ptx_global(const char *ptx, const char *name, size_t *size)
+{
+    size_t name_len = strlen(name);
+    for (const char *line = ptx; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        char buf[512];
+        if (n >= sizeof buf)
+            continue;
+        memcpy(buf, line, n);
+        buf[n] = 0;
+        if (!strstr(buf, ".global"))
+            continue;
+        const char *type = strstr(buf, " .b");
+        for (const char *t = buf; !type && (t = strstr(t, " .")); t++)
+            if (strchr("usf", t[2]) && t[3] >= '0' && t[3] <= '9')
+                type = t;
+        const char *at = strstr(buf, name);
+        if (!type || !at || (at[name_len] != '[' && at[name_len] != ';' && at[name_len] != ' ' &&
+                             at[name_len] != '=') || at[-1] != ' ')
+            continue;
+        size_t elem = (size_t)strtoul(type + 3, NULL, 10) / 8, count = 1;
+        if (at[name_len] == '[')
+            count = (size_t)strtoul(at + name_len + 1, NULL, 10);
+        *size = (elem ? elem : 1) * count;
+        return 1;
+    }
+    return 0;
+}
+
+CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_library *lib = sim_handle_get((uintptr_t)library, SIM_KIND_LIBRARY);
+    if (!lib)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_ctx *ctx;
+    CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&lib->lock);
+    struct ctx_global *g = lib->globals;
+    while (g && (g->ctx != ctx || strcmp(g->name, name)))
+        g = g->next;
+    if (!g) {
+        size_t size = 0;
+        const void *init = NULL;
+        const unsigned char *p = lib->image;
+        int found = !memcmp(p, "\x7f" "ELF", 4) ? elf_global(p, lib->size, name, &size, &init)
+                    : read_le(p, 4) == 0xBA55ED50u ? 0   /* globals of a fatbin's cubins: not looked into */
+                    : ptx_global(lib->image, name, &size);
+        rc = !found ? CUDA_ERROR_NOT_FOUND : !(g = calloc(1, sizeof *g)) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+        if (rc == CUDA_SUCCESS && !(g->name = strdup(name)))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        if (rc == CUDA_SUCCESS)
+            rc = sim_alloc_device(ctx, size ? size : 1, &g->ptr);
+        if (rc != CUDA_SUCCESS) {
+            if (g)
+                free(g->name);
+            free(g);
+            pthread_mutex_unlock(&lib->lock);
+            return rc;
+        }
+        if (init)
+            memcpy((void *)(uintptr_t)g->ptr, init, size);
+        g->ctx = ctx;
+        g->size = size;
+        g->next = lib->globals;
+        lib->globals = g;
+    }
+    if (dptr)
+        *dptr = g->ptr;
+    if (bytes)
+        *bytes = g->size;
+    pthread_mutex_unlock(&lib->lock);
+    return CUDA_SUCCESS;
 }

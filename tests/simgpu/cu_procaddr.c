@@ -111,6 +111,9 @@
     X(cuLibraryUnload, cuLibraryUnload, 12000, NULL) \
     X(cuLibraryGetKernel, cuLibraryGetKernel, 12000, NULL) \
     X(cuLibraryGetModule, cuLibraryGetModule, 12000, NULL) \
+    X(cuLibraryGetGlobal, cuLibraryGetGlobal, 12000, NULL) \
+    X(cuLibraryGetKernelCount, cuLibraryGetKernelCount, 12040, NULL) \
+    X(cuLibraryEnumerateKernels, cuLibraryEnumerateKernels, 12040, NULL) \
     X(cuKernelGetFunction, cuKernelGetFunction, 12000, NULL) \
     X(cuKernelGetLibrary, cuKernelGetLibrary, 12050, NULL) \
     X(cuKernelGetName, cuKernelGetName, 12030, NULL) \
@@ -136,6 +139,8 @@
     X(cuMemHostGetFlags, cuMemHostGetFlags, 2030, NULL) \
     X(cuPointerGetAttribute, cuPointerGetAttribute, 4000, NULL) \
     X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, NULL) \
+    X(cuProfilerStart, cuProfilerStart, 4000, NULL) \
+    X(cuProfilerStop, cuProfilerStop, 4000, NULL) \
     X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, cuMemcpyHtoDAsync_v2_ptsz) \
     X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2, 3020, cuMemcpyDtoHAsync_v2_ptsz) \
     X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, 3020, cuMemcpyDtoDAsync_v2_ptsz) \

@@ -2,20 +2,38 @@
 
   basic               cuda.detect(), memory info, device arrays filled until numba
                       refuses, a @cuda.jit kernel launched and synchronised
-  launches N DUR_US   N launches of a kernel (its first argument, DUR_US, is what the
-                      simulator runs it for) and the seconds they took
+  launches N          N launches of a kernel (the simulator runs a compiled kernel for
+                      its configured kernel_us) and the seconds they took
   hold MIB            holds MIB of device arrays, says so, waits for a line on stdin,
                       then fills what is left and reports how much it got
+
+With --driver-linker first, nvJitLink is not found, so kernels are linked with the
+driver's cuLink* calls, as for a user without the nvJitLink wheel.
 """
 import contextlib
 import io
 import json
 import sys
 import time
+import warnings
 
-import numpy as np
-from numba import cuda
-from numba.cuda.cudadrv.driver import CudaAPIError
+if sys.argv[1] == "--driver-linker":
+    del sys.argv[1]
+    import cuda.pathfinder as pathfinder
+
+    find_library = pathfinder.load_nvidia_dynamic_lib
+
+    def without_nvjitlink(name):
+        if name == "nvJitLink":
+            raise pathfinder.DynamicLibNotFoundError("nvJitLink is not installed")
+        return find_library(name)
+
+    pathfinder.load_nvidia_dynamic_lib = without_nvjitlink
+    warnings.filterwarnings("ignore", message="cuda.bindings.nvjitlink is not available")
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+from numba.cuda.cudadrv.driver import CudaAPIError  # noqa: E402
 
 MIB = 1 << 20
 CHUNK_MIB = 64
@@ -26,6 +44,11 @@ def touch(dur_us, x):
     i = cuda.grid(1)
     if i < x.size:
         x[i] = dur_us
+
+
+@cuda.jit(debug=True, opt=False)
+def checked(x):
+    x[0] = 1       # a debug kernel: numba reads its error flag, a global of the module, after launch
 
 
 def fill() -> tuple[list, dict]:
@@ -60,17 +83,19 @@ def basic() -> dict:
     x = cuda.to_device(np.zeros(256, dtype=np.int64))
     touch[1, 256](7, x)
     cuda.synchronize()
+    checked[1, 1](x)
+    cuda.synchronize()
     out["launched"] = True
     return out
 
 
-def launches(n: int, dur_us: int) -> dict:
+def launches(n: int) -> dict:
     x = cuda.device_array(32, dtype=np.int64)
-    touch[1, 32](dur_us, x)          # compiled and loaded before timing
+    touch[1, 32](n, x)               # compiled and loaded before timing
     cuda.synchronize()
     start = time.monotonic()
     for _ in range(n):
-        touch[1, 32](dur_us, x)
+        touch[1, 32](n, x)
     cuda.synchronize()
     return {"launches": n, "seconds": time.monotonic() - start}
 
