@@ -111,6 +111,9 @@ def set_env(spec: dict, inj: Injection) -> dict:
 
 
 def add_hooks(spec: dict, inj: Injection) -> dict:
+    """createRuntime records the host PID; poststop frees the allocation. With
+    the launcher's C hook, createRuntime is that hook and there is no poststop
+    (hami-runtime delete and every later allocator transaction free it)."""
     if not inj.hook_argv:
         return spec
     hooks = spec.setdefault("hooks", {})
@@ -119,9 +122,13 @@ def add_hooks(spec: dict, inj: Injection) -> dict:
         argv = inj.create_hook_argv if stage == "createRuntime" and inj.create_hook_argv else inj.hook_argv
         kept = [h for h in hooks.get(stage) or []
                 if not any((h.get("args") or [])[:len(mine)] == mine for mine in ours)]
-        kept.append({"path": argv[0], "args": argv + [stage],
-                     "env": list(inj.hook_env), "timeout": 30})
-        hooks[stage] = kept
+        if stage == "createRuntime" or not inj.create_hook_argv:
+            kept.append({"path": argv[0], "args": argv + [stage],
+                         "env": list(inj.hook_env), "timeout": 30})
+        if kept:
+            hooks[stage] = kept
+        else:
+            hooks.pop(stage, None)
     return spec
 
 

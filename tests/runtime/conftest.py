@@ -143,11 +143,15 @@ class Node:
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
-    def allocations(self):
+    def state(self):
         try:
-            return json.loads((self.state_dir / "allocations.json").read_text())["allocations"]
+            return json.loads((self.state_dir / "allocations.json").read_text())
         except FileNotFoundError:
-            return {}
+            return {"allocations": {}}
+
+    def allocations(self):
+        """container id -> entry (this node's tests use one runc root)."""
+        return {e["id"]: e for e in self.state()["allocations"].values()}
 
     def containers(self):
         proc = subprocess.run([RUNC, "--root", str(self.runc_root), "list", "-q"],
