@@ -111,7 +111,9 @@ def ps(ctx, as_json):
 
 def main(argv=None) -> int:
     try:
-        cli.main(args=argv, standalone_mode=False)
+        rc = cli.main(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and rc:  # ctx.exit(n) comes back as the return value
+            return rc
     except HamiError as exc:
         click.echo(f"hamictl: {exc.line()}", err=True)
         return 1

@@ -117,12 +117,16 @@ class Node:
         (path / "config.json").write_text(json.dumps(spec, indent=2))
         return path
 
-    def runtime(self, *args, log_format=None, timeout=TIMEOUT, cmd=None, env=None):
-        """hami-runtime with our root; stdio are files, never pipes (create's
-        container inherits them)."""
+    def runtime_argv(self, *args, log_format=None, cmd=None):
         argv = list(cmd or RUNTIME) + ["--root", str(self.runc_root), "--log", str(self.tmp / "runc.log")]
         if log_format:
             argv += ["--log-format", log_format]
+        return argv + list(args)
+
+    def runtime(self, *args, log_format=None, timeout=TIMEOUT, cmd=None, env=None):
+        """hami-runtime with our root; stdio are files, never pipes (create's
+        container inherits them)."""
+        argv = self.runtime_argv(log_format=log_format, cmd=cmd)
         out, err = self.tmp / "out", self.tmp / "err"
         with open(out, "wb") as o, open(err, "wb") as e:
             proc = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, stdout=o, stderr=e,
