@@ -2,14 +2,15 @@
 in, grants out (or a refusal naming the request)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Mapping
+from typing import Dict, Iterable, List, Mapping, NamedTuple
 
 from .errors import HamiError
 
+# Named tuples and a plain class, not dataclasses: this is the create path,
+# and dataclasses loads inspect.
 
-@dataclass(frozen=True)
-class GpuInfo:
+
+class GpuInfo(NamedTuple):
     index: int
     uuid: str
     model: str
@@ -17,29 +18,34 @@ class GpuInfo:
     minor: int
 
 
-@dataclass(frozen=True)
-class Grant:
+class Grant(NamedTuple):
     index: int
     uuid: str
     mem_mib: int
     cores: int
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return dict(self._asdict())
 
 
-@dataclass(frozen=True)
-class Capacity:
+class Capacity(NamedTuple):
     slots: int
     mem_mib: int
     cores: int = 100
 
 
-@dataclass
 class Usage:
-    slots: int = 0
-    mem_mib: int = 0
-    cores: int = 0
+    __slots__ = ("slots", "mem_mib", "cores")
+
+    def __init__(self, slots: int = 0, mem_mib: int = 0, cores: int = 0):
+        self.slots, self.mem_mib, self.cores = slots, mem_mib, cores
+
+    def __eq__(self, other):
+        return isinstance(other, Usage) and (self.slots, self.mem_mib, self.cores) == (
+            other.slots, other.mem_mib, other.cores)
+
+    def __repr__(self):
+        return f"Usage(slots={self.slots}, mem_mib={self.mem_mib}, cores={self.cores})"
 
 
 def capacity(gpu: GpuInfo, split_count: int, memory_scaling: float) -> Capacity:

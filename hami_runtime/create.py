@@ -128,7 +128,7 @@ def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, c
     region_dir, private = store.make_dirs(cfg.state_dir, name)
     # The region file is 0666 (any container user maps it); the dir stays the host's.
     os.chmod(region_dir, 0o755)
-    region.create(os.path.join(region_dir, region.REGION_FILE_NAME),
+    region.write_new(os.path.join(region_dir, region.REGION_FILE_NAME),
                   [region.DeviceLimit(g.uuid, g.mem_mib << 20, g.cores) for g in grants],
                   core_policy=request.core_policy, priority=request.priority)
     atomic_write(os.path.join(private, "ld.so.preload"),

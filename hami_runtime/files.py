@@ -52,12 +52,34 @@ def read_state_file(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def sha256_hex(data: bytes) -> str:
+    """SHA-256 without loading OpenSSL's bindings where the builtin one exists
+    (hashlib costs a create several ms)."""
+    try:
+        from _sha256 import sha256
+    except ImportError:  # pragma: no cover - other Pythons
+        from hashlib import sha256
+    return sha256(data).hexdigest()
+
+
+def temp_beside(path: str, prefix: str = ".hami-"):
+    """(fd, name) of a new file beside `path` that no one else has opened."""
+    directory = os.path.dirname(os.path.abspath(path))
+    for _ in range(100):
+        tmp = os.path.join(directory, f"{prefix}{os.getpid()}-{os.urandom(6).hex()}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{directory}: no free temporary name")
+
+
 def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
     """Write to a temp file beside `path`, fsync, rename over it, fsync the dir:
     a reader (or a crash) sees the old file or the new one, never a mix."""
-    import tempfile  # here: a create with no request writes nothing
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".hami-", dir=directory)
+    fd, tmp = temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

@@ -32,17 +32,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import time
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from .errors import HamiError
-from .files import atomic_write, open_state_file, process_alive, read_state_file
+from .files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
 from .ids import check_container_id
 
 VERSION = 2
@@ -62,7 +60,7 @@ _UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
 
 
 def root_key(runc_root: str) -> str:
-    return hashlib.sha256(os.fsencode(runc_root)).hexdigest()[:16]
+    return sha256_hex(os.fsencode(runc_root))[:16]
 
 
 def alloc_name(runc_root: str, cid: str) -> str:
@@ -163,6 +161,7 @@ def _remove_at(dir_fd: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
+        import shutil  # only when there is a tree to remove
         shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):

@@ -79,7 +79,7 @@ def region_files(state_dir: str) -> Dict[str, str]:
     found = {}
     for name in names:
         path = os.path.join(base, name, region.REGION_FILE_NAME)
-        if "@" in name and os.path.isfile(path) and not os.path.islink(os.path.dirname(path)):
+        if os.path.isfile(path) and not os.path.islink(os.path.dirname(path)):
             found[name] = path
     return found
 
@@ -106,7 +106,7 @@ def read_container(cid: str, path: str) -> ContainerView:
 
 
 def read_all(state_dir: str) -> List[ContainerView]:
-    return [read_container(name.rpartition("@")[0], path)
+    return [read_container(name.rpartition("@")[0] or name, path)
             for name, path in region_files(state_dir).items()]
 
 

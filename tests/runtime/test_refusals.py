@@ -135,7 +135,7 @@ def test_unexpected_failure_is_one_line(node, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise region.RegionError("disk on fire\nsecond line")
 
-    monkeypatch.setattr(region, "create", broken)
+    monkeypatch.setattr(region, "write_new", broken)
     monkeypatch.setenv("HAMI_CONFIG", str(node.config))
     monkeypatch.setenv("HAMI_SIM_STATE", str(node.sim_state / "gpu.state"))
     bundle = node.bundle("boom", {"hami.io/gpumem": "10"})
