@@ -1,5 +1,9 @@
 """delete: run runc's delete, then free the allocation if its container is gone.
 
+Through the launcher, runc's delete has run already (HAMI_DELETE_DONE, set
+for the detached release the launcher starts after it): only the release is
+left. The release can free nothing that lives, so the variable grants nothing.
+
 The allocation is this runc root's (a delete under another root never touches
 it), and it is freed only under the allocator lock and only when no container
 and no create in flight holds it.
@@ -11,6 +15,8 @@ import os
 from . import log
 from .errors import HamiError
 from .ids import check_container_id
+
+DELETE_DONE_ENV = "HAMI_DELETE_DONE"  # hami_runtime/launcher/hook.h
 
 
 def _run(argv) -> int:
@@ -27,7 +33,8 @@ def _run(argv) -> int:
 
 def delete(cfg, inv, runtime: str) -> int:
     cid = check_container_id(inv.container_id)
-    rc = _run([runtime] + inv.argv)
+    done = os.environ.pop(DELETE_DONE_ENV, None) == "1"
+    rc = 0 if done else _run([runtime] + inv.argv)
     if rc < 0:
         rc = 128 - rc
     if os.path.isdir(cfg.state_dir) and not os.path.lexists(os.path.join(inv.root, cid)):
