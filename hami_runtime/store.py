@@ -221,11 +221,19 @@ def runc_made(runc_root: str, cid: str) -> bool:
 
 
 def entry_alive(entry: dict) -> bool:
-    creator = entry.get("creator") or {}
+    """Also asked of invalid entries: any field may be anything."""
+    creator = entry.get("creator")
+    creator = creator if isinstance(creator, dict) else {}
     if process_alive(creator.get("pid", 0), creator.get("start")):
         return True
     root, cid = entry.get("runc_root"), entry.get("id")
-    return isinstance(root, str) and isinstance(cid, str) and runc_made(root, cid)
+    if not isinstance(root, str) or not os.path.isabs(root):
+        return False
+    try:
+        check_container_id(cid)
+    except HamiError:
+        return False
+    return runc_made(root, cid)
 
 
 def _json_file(path: str, limit: int = MAX_SMALL_FILE):
@@ -300,7 +308,8 @@ class State:
         # An invalid entry is dropped once the container it names (if any) is gone.
         for name in [n for n, bad in self.invalid.items()
                      if isinstance(bad.get("entry"), dict) and not entry_alive(bad["entry"])
-                     and isinstance(bad["entry"].get("runc_root"), str)]:
+                     and isinstance(bad["entry"].get("runc_root"), str)
+                     and isinstance(bad["entry"].get("id"), str)]:
             self.invalid.pop(name)
             self.freed.append(name)
         # Temp files of an interrupted atomic write (only written under this lock).

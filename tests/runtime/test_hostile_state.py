@@ -205,3 +205,23 @@ def test_create_killed_inside_runc_is_freed_without_a_delete(node):
     assert node.ps() == [] and node.allocations() == {}
     subprocess.run([RUNC, "--root", str(node.runc_root), "delete", "-f", "k"], capture_output=True,
                    timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("entry", [
+    {"id": "../../etc", "runc_root": "/", "creator": "not an object"},
+    {"id": "x", "runc_root": "relative/root", "creator": {"pid": "1", "start": []}},
+    {"id": 7, "runc_root": None},
+    ["not", "an", "object"],
+])
+def test_garbage_entries_are_invalid_and_never_crash(tmp_path, entry):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "allocations.json").write_text(json.dumps(
+        {"version": 2, "allocations": {"g@0123456789abcdef": entry}}))
+    with store.transaction(str(state_dir)) as state:
+        assert state.allocations == {}
+        kept = "g@0123456789abcdef" in state.invalid
+    # an entry that names a root and an id whose container is gone is dropped;
+    # one that names none is kept for the operator (hamictl doctor)
+    assert kept is not (isinstance(entry, dict) and isinstance(entry.get("id"), str)
+                        and isinstance(entry.get("runc_root"), str))
