@@ -112,8 +112,34 @@ def orphans(state_dir: str, out: List[str]) -> None:
         if os.path.islink(path) or not os.path.isdir(path):
             continue
         for name in sorted(os.listdir(path)):
-            if name not in keep:
+            if name not in keep and "@" in name:
                 out.append(f"{os.path.join(path, name)}: no allocation owns it")
+
+
+def old_layout(state_dir: str, repair: bool, out: List[str]) -> None:
+    """Dirs named by the id alone (made before allocations had a runc root): a
+    live container may still mount one, so only --repair removes those whose
+    container is gone."""
+    for sub in store.SUBDIRS:
+        path = os.path.join(state_dir, sub)
+        if os.path.islink(path) or not os.path.isdir(path):
+            continue
+        for name in sorted(os.listdir(path)):
+            if "@" in name:
+                continue
+            owner = store._json_file(os.path.join(state_dir, "private", name, store.OWNER_FILE))
+            root = owner.get("runc_root") if isinstance(owner, dict) else None
+            live = isinstance(root, str) and os.path.isabs(root) and store.runc_made(root, name)
+            line = f"{os.path.join(path, name)}: not an allocation name" + (
+                " (a container made before allocations had a runc root; still there)" if live else "")
+            if repair and not live:
+                fd = store._subdir_fd(state_dir, sub)
+                try:
+                    store._remove_at(fd, name)
+                finally:
+                    os.close(fd)
+                line += "; removed"
+            out.append(line)
 
 
 def doctor(cfg, repair: bool) -> List[str]:
@@ -125,6 +151,10 @@ def doctor(cfg, repair: bool) -> List[str]:
         return out  # the allocator would refuse these: nothing more can be read safely
     if not repair:
         orphans(cfg.state_dir, out)
+    try:
+        old_layout(cfg.state_dir, repair, out)
+    except (OSError, HamiError) as exc:
+        out.append(f"{cfg.state_dir}: {exc}")
     try:
         check_entries(cfg, repair, out)
     except _NoWrite:

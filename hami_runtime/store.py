@@ -76,6 +76,14 @@ def check_name(name) -> Tuple[str, str]:
     return check_container_id(cid), key
 
 
+def _well_formed(name: str) -> bool:
+    try:
+        check_name(name)
+    except HamiError:
+        return False
+    return True
+
+
 def container_dir(state_dir: str, name: str) -> str:
     check_name(name)
     return os.path.join(state_dir, "containers", name)
@@ -278,8 +286,16 @@ def rebuild(state_dir: str) -> Dict[str, dict]:
         if not isinstance(owner, dict):
             continue
         root, cid, creator = owner.get("runc_root"), owner.get("id"), owner.get("creator")
-        if not isinstance(root, str) or not isinstance(cid, str):
+        if not isinstance(root, str) or not isinstance(cid, str) or not os.path.isabs(root):
             continue
+        try:
+            # A dir named by the id alone is a container made before allocations
+            # had a runc root: it is accounted under its new name, its dir kept.
+            if name not in (alloc_name(root, cid), cid):
+                continue
+        except HamiError:
+            continue
+        name = alloc_name(root, cid)
         creator = creator if isinstance(creator, dict) else {}
         if process_alive(creator.get("pid", 0), creator.get("start")):
             bundle = owner.get("bundle")  # a create still running (before runc made its dir)
@@ -318,6 +334,8 @@ class State:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
         # Dirs that no entry owns come from a crash between steps: drop them.
+        # A name of another form (a dir from before allocations had a runc root,
+        # which a live container may still mount) is left to hamictl doctor.
         keep = set(self.allocations) | set(self.invalid)
         for sub in SUBDIRS:
             fd = _subdir_fd(self.state_dir, sub)
@@ -325,7 +343,7 @@ class State:
                 continue
             try:
                 for name in os.listdir(fd):
-                    if name not in keep:
+                    if name not in keep and _well_formed(name):
                         _remove_at(fd, name)
             finally:
                 os.close(fd)

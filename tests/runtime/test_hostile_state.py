@@ -225,3 +225,25 @@ def test_garbage_entries_are_invalid_and_never_crash(tmp_path, entry):
     # one that names none is kept for the operator (hamictl doctor)
     assert kept is not (isinstance(entry, dict) and isinstance(entry.get("id"), str)
                         and isinstance(entry.get("runc_root"), str))
+
+
+def test_state_from_before_runc_roots_is_taken_over(node):
+    """A node upgraded with a GPU container running: the version 1 state file
+    (keyed by id, dirs named by id) is rebuilt with the container accounted,
+    its mounted dirs kept while it lives and removed by doctor --repair after."""
+    assert node.create("old", node.bundle("old", GPU)).returncode == 0
+    [name] = node.state()["allocations"]
+    entry = node.state()["allocations"][name]
+    for sub in store.SUBDIRS:
+        (node.state_dir / sub / name).rename(node.state_dir / sub / "old")
+    (node.state_dir / "allocations.json").write_text(json.dumps(
+        {"version": 1, "allocations": {"old": entry}}))
+    assert [(r["container"], r["memory_mib"]) for r in node.ps()] == [("old", 1000)]
+    assert (node.state_dir / "containers" / "old").is_dir()
+    assert "still there" in node.hamictl("doctor").stdout
+    assert node.runtime("delete", "-f", "old").returncode == 0
+    assert node.ps() == [] and (node.state_dir / "containers" / "old").is_dir()
+    repaired = node.hamictl("doctor", "--repair")
+    assert repaired.returncode == 0 and "removed" in repaired.stdout
+    assert list((node.state_dir / "containers").iterdir()) == []
+    assert list((node.state_dir / "private").iterdir()) == []
