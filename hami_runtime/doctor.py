@@ -127,15 +127,15 @@ def old_layout(state_dir: str, repair: bool, out: List[str]) -> None:
         for name in sorted(os.listdir(path)):
             if "@" in name:
                 continue
-            owner = store._json_file(os.path.join(state_dir, "private", name, store.OWNER_FILE))
+            owner = store.read_json(os.path.join(state_dir, "private", name, store.OWNER_FILE))
             root = owner.get("runc_root") if isinstance(owner, dict) else None
             live = isinstance(root, str) and os.path.isabs(root) and store.runc_made(root, name)
             line = f"{os.path.join(path, name)}: not an allocation name" + (
                 " (a container made before allocations had a runc root; still there)" if live else "")
             if repair and not live:
-                fd = store._subdir_fd(state_dir, sub)
+                fd = store.subdir_fd(state_dir, sub)
                 try:
-                    store._remove_at(fd, name)
+                    store.remove_at(fd, name)
                 finally:
                     os.close(fd)
                 line += "; removed"

@@ -144,7 +144,7 @@ def entry_problem(name, entry) -> str:
     return ""
 
 
-def _subdir_fd(state_dir: str, sub: str, create: bool = False) -> Optional[int]:
+def subdir_fd(state_dir: str, sub: str, create: bool = False) -> Optional[int]:
     """An fd on containers/ or private/, None when absent; a symlink there is refused."""
     path = os.path.join(state_dir, sub)
     if create:
@@ -161,7 +161,7 @@ def _subdir_fd(state_dir: str, sub: str, create: bool = False) -> Optional[int]:
         raise HamiError(path, "", f"not a directory: {exc.strerror}") from None
 
 
-def _remove_at(dir_fd: int, name: str) -> None:
+def remove_at(dir_fd: int, name: str) -> None:
     """Remove `name` under dir_fd: a dir tree (never following a link inside
     it), or a link or file itself."""
     try:
@@ -181,9 +181,9 @@ def make_dirs(state_dir: str, name: str) -> Tuple[str, str]:
     check_name(name)
     paths = []
     for sub in SUBDIRS:
-        fd = _subdir_fd(state_dir, sub, create=True)
+        fd = subdir_fd(state_dir, sub, create=True)
         try:
-            _remove_at(fd, name)
+            remove_at(fd, name)
             os.mkdir(name, 0o755, dir_fd=fd)
         finally:
             os.close(fd)
@@ -194,11 +194,11 @@ def make_dirs(state_dir: str, name: str) -> Tuple[str, str]:
 def remove_dirs(state_dir: str, name: str) -> None:
     check_name(name)
     for sub in SUBDIRS:
-        fd = _subdir_fd(state_dir, sub)
+        fd = subdir_fd(state_dir, sub)
         if fd is None:
             continue
         try:
-            _remove_at(fd, name)
+            remove_at(fd, name)
         finally:
             os.close(fd)
 
@@ -244,7 +244,7 @@ def entry_alive(entry: dict) -> bool:
     return runc_made(root, cid)
 
 
-def _json_file(path: str, limit: int = MAX_SMALL_FILE):
+def read_json(path: str, limit: int = MAX_SMALL_FILE):
     try:
         return json.loads(read_state_file(path, limit))
     except (OSError, ValueError, HamiError):
@@ -252,7 +252,7 @@ def _json_file(path: str, limit: int = MAX_SMALL_FILE):
 
 
 def _bundle_of(root: str, cid: str):
-    data = _json_file(os.path.join(root, cid, "state.json"), MAX_STATE_BYTES)
+    data = read_json(os.path.join(root, cid, "state.json"), MAX_STATE_BYTES)
     labels = ((data or {}).get("config") or {}).get("labels") if isinstance(data, dict) else None
     for label in labels if isinstance(labels, list) else ():
         if isinstance(label, str) and label.startswith("bundle="):
@@ -273,7 +273,7 @@ def rebuild(state_dir: str) -> Dict[str, dict]:
     """Allocations of the live GPU containers, read back from their bundles.
     Only containers that have our host-side private dir count, so an
     annotation a user wrote cannot claim a GPU."""
-    fd = _subdir_fd(state_dir, "private")
+    fd = subdir_fd(state_dir, "private")
     if fd is None:
         return {}
     try:
@@ -282,7 +282,7 @@ def rebuild(state_dir: str) -> Dict[str, dict]:
         os.close(fd)
     found: Dict[str, dict] = {}
     for name in names:
-        owner = _json_file(os.path.join(state_dir, "private", name, OWNER_FILE))
+        owner = read_json(os.path.join(state_dir, "private", name, OWNER_FILE))
         if not isinstance(owner, dict):
             continue
         root, cid, creator = owner.get("runc_root"), owner.get("id"), owner.get("creator")
@@ -338,13 +338,13 @@ class State:
         # which a live container may still mount) is left to hamictl doctor.
         keep = set(self.allocations) | set(self.invalid)
         for sub in SUBDIRS:
-            fd = _subdir_fd(self.state_dir, sub)
+            fd = subdir_fd(self.state_dir, sub)
             if fd is None:
                 continue
             try:
                 for name in os.listdir(fd):
                     if name not in keep and _well_formed(name):
-                        _remove_at(fd, name)
+                        remove_at(fd, name)
             finally:
                 os.close(fd)
 
