@@ -3,8 +3,9 @@
   hami-hook --state-dir DIR --runc-root DIR createRuntime|poststop  < OCI state
 
 createRuntime records the container's host PID beside its allocation
-(private/<id>/pid; the launcher's C hook does the same faster); poststop
-releases the allocation (idempotent). Driver libraries are found through the
+(private/<id>@<root key>/pid; the launcher's C hook does the same faster);
+poststop frees the allocation of this runc root's container once runc has
+removed it (idempotent). Driver libraries are found through the
 bind mounts and LD_LIBRARY_PATH the runtime set, so no step runs inside the
 container's root here.
 """
@@ -35,7 +36,7 @@ def parse_args(argv):
             raise ValueError(f"argument={arg!r}: not understood")
         i += 1
     if stage is None or "state-dir" not in options:
-        raise ValueError("usage: hami-hook --state-dir DIR [--runc-root DIR] createRuntime|poststop")
+        raise ValueError("usage: hami-hook --state-dir DIR --runc-root DIR createRuntime|poststop")
     return options, stage
 
 
@@ -55,12 +56,14 @@ def main(argv=None) -> int:
         return _fail(f"stdin: not an OCI state document: {exc}")
     except (HamiError, AttributeError) as exc:
         return _fail(str(exc))
-    roots = [options["runc-root"]] if "runc-root" in options else []
+    if "runc-root" not in options:
+        return _fail("--runc-root: needed (an allocation belongs to a runc root and an id)")
     try:
         if stage == "createRuntime":
-            store.record_host_pid(options["state-dir"], cid, int(state.get("pid") or 0))
+            name = store.alloc_name(options["runc-root"], cid)
+            store.record_host_pid(options["state-dir"], name, int(state.get("pid") or 0))
         else:
-            store.release(options["state-dir"], cid, roots)
+            store.release(options["state-dir"], options["runc-root"], cid)
     except (HamiError, OSError) as exc:
         return _fail(f"{stage} {cid}: {exc}")
     return 0

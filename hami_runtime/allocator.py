@@ -2,14 +2,15 @@
 in, grants out (or a refusal naming the request)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Mapping
+from typing import Dict, Iterable, List, Mapping, NamedTuple
 
 from .errors import HamiError
 
+# Named tuples and a plain class, not dataclasses: this is the create path,
+# and dataclasses loads inspect.
 
-@dataclass(frozen=True)
-class GpuInfo:
+
+class GpuInfo(NamedTuple):
     index: int
     uuid: str
     model: str
@@ -17,29 +18,34 @@ class GpuInfo:
     minor: int
 
 
-@dataclass(frozen=True)
-class Grant:
+class Grant(NamedTuple):
     index: int
     uuid: str
     mem_mib: int
     cores: int
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return dict(self._asdict())
 
 
-@dataclass(frozen=True)
-class Capacity:
+class Capacity(NamedTuple):
     slots: int
     mem_mib: int
     cores: int = 100
 
 
-@dataclass
 class Usage:
-    slots: int = 0
-    mem_mib: int = 0
-    cores: int = 0
+    __slots__ = ("slots", "mem_mib", "cores")
+
+    def __init__(self, slots: int = 0, mem_mib: int = 0, cores: int = 0):
+        self.slots, self.mem_mib, self.cores = slots, mem_mib, cores
+
+    def __eq__(self, other):
+        return isinstance(other, Usage) and (self.slots, self.mem_mib, self.cores) == (
+            other.slots, other.mem_mib, other.cores)
+
+    def __repr__(self):
+        return f"Usage(slots={self.slots}, mem_mib={self.mem_mib}, cores={self.cores})"
 
 
 def capacity(gpu: GpuInfo, split_count: int, memory_scaling: float) -> Capacity:
@@ -56,6 +62,33 @@ def usage(entries: Iterable[Mapping]) -> Dict[str, Usage]:
             u.mem_mib += int(device["mem_mib"])
             u.cores += int(device["cores"])
     return used
+
+
+def blocked(invalid: Mapping[str, Mapping], entries: Iterable[Mapping], gpus: List[GpuInfo],
+            caps: Mapping[str, Capacity]) -> Dict[str, str]:
+    """GPU UUID -> why no new allocation may go there: an invalid state entry
+    names it (one that names no GPU readably blocks them all), or a valid
+    entry claims more of it than it has. Nothing invalid counts as free."""
+    known = {g.uuid for g in gpus}
+    found: Dict[str, str] = {}
+    for name, bad in sorted(invalid.items()):
+        why = f"invalid state entry {name!r} ({bad.get('reason')}): run hamictl doctor"
+        entry = bad.get("entry")
+        devices = entry.get("devices") if isinstance(entry, dict) else None
+        uuids = [d.get("uuid") if isinstance(d, dict) else None for d in devices] \
+            if isinstance(devices, list) else []
+        readable = uuids and all(isinstance(u, str) for u in uuids)
+        named = [u for u in uuids if u in known] if readable else sorted(known)
+        for uuid in named:
+            found.setdefault(uuid, why)
+    for entry in entries:
+        for device in entry.get("devices", ()):
+            cap = caps.get(device["uuid"])
+            if cap is not None and device["mem_mib"] > cap.mem_mib:
+                found.setdefault(device["uuid"], f"entry {entry.get('id')!r} holds "
+                                 f"{device['mem_mib']} MiB of a {cap.mem_mib} MiB GPU: "
+                                 "run hamictl doctor")
+    return found
 
 
 def _wanted(request, cap: Capacity, default_memory_mib: int) -> int:
@@ -83,8 +116,10 @@ def _matches(request, gpu: GpuInfo) -> bool:
     return True
 
 
-def _room(cap: Capacity, used: Usage, mem_mib: int, cores: int) -> str:
+def _room(cap: Capacity, used: Usage, mem_mib: int, cores: int, block: str = "") -> str:
     """'' when the GPU fits the slice, else why not."""
+    if block:
+        return block
     if used.slots + 1 > cap.slots:
         return f"{used.slots}/{cap.slots} slots used"
     if used.mem_mib + mem_mib > cap.mem_mib:
@@ -96,10 +131,12 @@ def _room(cap: Capacity, used: Usage, mem_mib: int, cores: int) -> str:
 
 def allocate(request, gpus: List[GpuInfo], entries: Iterable[Mapping], *, split_count: int,
              memory_scaling: float, default_memory_mib: int = 0, default_cores: int = 0,
-             policy: str = "binpack") -> List[Grant]:
+             policy: str = "binpack", invalid: Mapping[str, Mapping] = {}) -> List[Grant]:
+    entries = list(entries)
     used = usage(entries)
     by_uuid = {g.uuid: g for g in gpus}
     caps = {g.uuid: capacity(g, split_count, memory_scaling) for g in gpus}
+    block = blocked(invalid, entries, gpus, caps)
 
     if request.assigned:
         grants = []
@@ -108,7 +145,8 @@ def allocate(request, gpus: List[GpuInfo], entries: Iterable[Mapping], *, split_
             if gpu is None:
                 raise HamiError("hami.io/vgpu-devices-allocated", device.uuid,
                                 "no GPU with this UUID on this node")
-            why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), device.mem_mib, device.cores)
+            why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), device.mem_mib, device.cores,
+                        block.get(gpu.uuid, ""))
             if why:
                 raise HamiError("hami.io/vgpu-devices-allocated", device.uuid, f"GPU full: {why}")
             grants.append(Grant(gpu.index, gpu.uuid, device.mem_mib, device.cores))
@@ -116,7 +154,7 @@ def allocate(request, gpus: List[GpuInfo], entries: Iterable[Mapping], *, split_
 
     for uuid in request.use_uuids:
         if uuid not in by_uuid:
-            key = "NVIDIA_VISIBLE_DEVICES" if request.source == "env" else "hami.io/gpu-uuid"
+            key = "NVIDIA_VISIBLE_DEVICES" if request.source == "env" else request.key_for("gpu-uuid")
             raise HamiError(key, uuid, "no GPU with this UUID on this node")
     for index in request.use_indices:
         if index not in {g.index for g in gpus}:
@@ -130,7 +168,7 @@ def allocate(request, gpus: List[GpuInfo], entries: Iterable[Mapping], *, split_
     fitting, reasons = [], []
     for gpu in candidates:
         mem = _wanted(request, caps[gpu.uuid], default_memory_mib)
-        why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), mem, cores)
+        why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), mem, cores, block.get(gpu.uuid, ""))
         if why:
             reasons.append(f"GPU {gpu.index}: {why}")
         else:

@@ -67,12 +67,13 @@ def usable_launcher(path) -> bool:
             and st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022)
 
 
-def create_hook_argv(cfg: Config, launcher) -> List[str]:
-    """createRuntime through the launcher's C hook (no interpreter start inside
-    runc's create), unless the config names its own hook command."""
+def create_hook_argv(cfg: Config, launcher, runc_root: str) -> List[str]:
+    """The hooks through the launcher's C hook (no interpreter start inside
+    runc's create and delete), unless the config names its own hook command."""
     if cfg.hook_command or not usable_launcher(launcher):
         return []
-    return [launcher, "hami-hook", "--state-dir", cfg.state_dir]
+    from .store import root_key
+    return [launcher, "hami-hook", "--state-dir", cfg.state_dir, "--root-key", root_key(runc_root)]
 
 
 def hook_argv(cfg: Config, runc_root: str) -> List[str]:
@@ -81,12 +82,12 @@ def hook_argv(cfg: Config, runc_root: str) -> List[str]:
     return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root]
 
 
-def build_injection(cfg: Config, runc_root: str, cid: str, grants, gpus, majors, driver_files,
+def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
                     request, marker: dict, launcher=None) -> "modifiers.Injection":
     from . import modifiers, store
     minor_of = {g.uuid: g.minor for g in gpus}
-    region_dir = store.container_dir(cfg.state_dir, cid)
-    preload = os.path.join(store.private_dir(cfg.state_dir, cid), "ld.so.preload")
+    region_dir = store.container_dir(cfg.state_dir, name)
+    preload = os.path.join(store.private_dir(cfg.state_dir, name), "ld.so.preload")
     mounts = [modifiers.Mount(f.host_path, f.container_path, tuple(modifiers.RO_BIND))
               for f in driver_files]
     mounts += [
@@ -117,19 +118,17 @@ def build_injection(cfg: Config, runc_root: str, cid: str, grants, gpus, majors,
         devices=modifiers.device_nodes([minor_of[g.uuid] for g in grants], majors),
         mounts=mounts, env=env, library_dirs=library_dirs,
         hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV),
-        create_hook_argv=create_hook_argv(cfg, launcher), marker=marker)
+        create_hook_argv=create_hook_argv(cfg, launcher, runc_root), marker=marker)
 
 
-def _prepare_host_side(cfg: Config, cid: str, inv, grants, request, creator: dict) -> None:
+def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
+                       ) -> None:
     from . import modifiers, region, store
     from .files import atomic_write
-    region_dir = store.container_dir(cfg.state_dir, cid)
-    private = store.private_dir(cfg.state_dir, cid)
-    for path in (region_dir, private):
-        os.makedirs(path, mode=0o755, exist_ok=True)
+    region_dir, private = store.make_dirs(cfg.state_dir, name)
     # The region file is 0666 (any container user maps it); the dir stays the host's.
     os.chmod(region_dir, 0o755)
-    region.create(os.path.join(region_dir, region.REGION_FILE_NAME),
+    region.write_new(os.path.join(region_dir, region.REGION_FILE_NAME),
                   [region.DeviceLimit(g.uuid, g.mem_mib << 20, g.cores) for g in grants],
                   core_policy=request.core_policy, priority=request.priority)
     atomic_write(os.path.join(private, "ld.so.preload"),
@@ -154,7 +153,14 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     else:
         request = None
     if request is None:
-        log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
+        from .request_keys import mentioned_keys
+        keys = mentioned_keys(annotations, env, cfg.env_requests)
+        if keys:  # only keys that shape a request, or NVIDIA_VISIBLE_DEVICES=none
+            log.write(cfg, "info", f"{cid}: passed through untouched: {', '.join(keys)} ask(s) "
+                      "for no GPU (a request needs gpu, gpumem, gpumem-percentage, gpucores, "
+                      "gpu-uuid or vgpu-devices-allocated)")
+        else:
+            log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
         return False
     import copy
     import time
@@ -165,15 +171,16 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     gpus = discovery_cache.gpus(cfg)
     majors = device_majors(cfg)
     driver_files = discovery_cache.driver_files(cfg)
-    with store.transaction(cfg.state_dir, [inv.root]) as state:
-        if cid in state.allocations:
-            raise HamiError("container id", cid, "already has a GPU allocation")
+    name = store.alloc_name(inv.root, cid)
+    with store.transaction(cfg.state_dir) as state:
+        if name in state.allocations or name in state.invalid:
+            raise HamiError("container id", cid, f"already has a GPU allocation under {inv.root}")
         if os.path.lexists(os.path.join(inv.root, cid)):
             raise HamiError("container id", cid, f"a container with this id exists under {inv.root}")
         grants = allocator.allocate(
             request, gpus, state.allocations.values(), split_count=cfg.split_count,
             memory_scaling=cfg.memory_scaling, default_memory_mib=cfg.default_memory_mib,
-            default_cores=cfg.default_cores, policy=cfg.policy)
+            default_cores=cfg.default_cores, policy=cfg.policy, invalid=state.invalid)
         entry = {
             "id": cid, "runc_root": inv.root, "bundle": bundle,
             "devices": [g.to_json() for g in grants],
@@ -183,17 +190,17 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
         }
         marker = {k: v for k, v in entry.items() if k not in ("runc_root", "bundle")}
         entry["creator"] = {"pid": os.getpid(), "start": process_start(os.getpid())}
-        state.allocations[cid] = entry
+        state.allocations[name] = entry
     # The entry is committed and lives while this process (then runc) does, so
     # the files are written outside the lock; a failure or a kill from here on
     # is freed by the release below or by the next transaction.
     try:
-        _prepare_host_side(cfg, cid, inv, grants, request, entry["creator"])
+        _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
         edited = modifiers.apply(copy.deepcopy(spec), build_injection(
-            cfg, inv.root, cid, grants, gpus, majors, driver_files, request, marker, launcher))
+            cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher))
         spec_io.write(bundle, edited)
     except BaseException:
-        store.release(cfg.state_dir, cid, [inv.root])
+        store.discard(cfg.state_dir, name, entry["creator"])
         raise
     log.write(cfg, "info", f"{cid}: allocated " + ", ".join(
         f"GPU {g.index} {g.mem_mib}MiB {g.cores}%" for g in grants))

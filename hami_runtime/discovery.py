@@ -2,12 +2,9 @@
 driver's user-space files from the ld cache under the driver root."""
 from __future__ import annotations
 
-import ctypes
 import os
 import re
-import subprocess
-from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 from .allocator import GpuInfo
 from .errors import HamiError
@@ -20,13 +17,13 @@ LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig", "/sbin/ldconfig.real")
 _CACHE_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
 
 
-@dataclass(frozen=True)
-class DriverFile:
+class DriverFile(NamedTuple):
     host_path: str       # resolved, under the driver root
     container_path: str  # where the cache lists it (root removed)
 
 
 def load_gpus(nvml_library: str = "") -> List[GpuInfo]:
+    import ctypes  # here: a create that finds the discovery cache needs neither
     import pynvml
     if nvml_library:
         try:
@@ -116,6 +113,7 @@ def driver_files(root: str) -> List[DriverFile]:
         raise HamiError("ldconfig", ",".join(LDCONFIG), "not found")
     if not os.path.isfile(cache):
         raise HamiError("config driver_root", root, f"no ld cache at {cache}")
+    import subprocess  # only when the discovery cache misses
     result = subprocess.run([ldconfig, "-p", "-C", cache], capture_output=True, text=True,
                             check=False, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
     files = select_driver_libs(parse_ld_cache(result.stdout), root)

@@ -12,7 +12,6 @@ replace the entry atomically. A cache that cannot be written is not an error.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import time
@@ -20,7 +19,7 @@ from typing import List, Optional
 
 from . import discovery
 from .allocator import GpuInfo
-from .files import atomic_write
+from .files import atomic_write, sha256_hex
 
 CACHE_DIR = "cache"
 GPUS_FILE = "gpus.json"
@@ -74,7 +73,7 @@ def _device_nodes(dev_root: str):
 
 def _environment_hash() -> str:
     text = json.dumps(sorted(os.environ.items()))
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    return sha256_hex(text.encode("utf-8", "surrogateescape"))
 
 
 def _base_key(cfg) -> dict:

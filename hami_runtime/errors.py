@@ -17,9 +17,9 @@ class HamiError(Exception):
 
     def line(self) -> str:
         value = self.value if isinstance(self.value, str) else repr(self.value)
-        value = value.replace("\n", "\\n")
         if len(value) > 200:
             value = value[:200] + "..."
+        # repr: a newline or other control character in the value stays on this one line
         return f"{self.field}={value!r}: {self.reason}" if value != "" else f"{self.field}: {self.reason}"
 
 

@@ -24,14 +24,23 @@ def _table(headers, rows) -> str:
     return "\n".join([line(headers)] + [line(r) for r in rows])
 
 
-def allocations(cfg):
-    """The live allocations (dead ones are freed on the way)."""
+def state_now(cfg):
+    """(live allocations, invalid entries): dead ones are freed on the way;
+    each invalid entry is reported on stderr."""
     from . import store
     import os
     if not os.path.isdir(cfg.state_dir):
-        return {}
+        return {}, {}
     with store.transaction(cfg.state_dir) as state:
-        return dict(state.allocations)
+        allocations, invalid = dict(state.allocations), dict(state.invalid)
+    for name, bad in sorted(invalid.items()):
+        click.echo(f"hamictl: invalid state entry {name!r}: {bad['reason']} (it holds its GPUs "
+                   "until `hamictl doctor --repair`)", err=True)
+    return allocations, invalid
+
+
+def allocations(cfg):
+    return state_now(cfg)[0]
 
 
 @click.group()
@@ -51,15 +60,19 @@ def gpus(ctx, as_json):
     from . import allocator, discovery
     cfg = _config(ctx.obj["config_path"])
     found = discovery.load_gpus(cfg.nvml_library)
-    used = allocator.usage(allocations(cfg).values())
+    live, invalid = state_now(cfg)
+    used = allocator.usage(live.values())
+    caps = {g.uuid: allocator.capacity(g, cfg.split_count, cfg.memory_scaling) for g in found}
+    blocked = allocator.blocked(invalid, live.values(), found, caps)
     rows = []
     for gpu in found:
-        cap = allocator.capacity(gpu, cfg.split_count, cfg.memory_scaling)
+        cap = caps[gpu.uuid]
         u = used.get(gpu.uuid, allocator.Usage())
         rows.append({"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model,
                      "memory_mib": gpu.memory_mib, "capacity_mib": cap.mem_mib,
                      "slots": cap.slots, "slots_used": u.slots,
-                     "memory_allocated_mib": u.mem_mib, "cores_allocated": u.cores})
+                     "memory_allocated_mib": u.mem_mib, "cores_allocated": u.cores,
+                     "blocked": blocked.get(gpu.uuid, "")})
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -67,6 +80,9 @@ def gpus(ctx, as_json):
         [r["index"], r["uuid"], r["model"], f"{r['memory_mib']}MiB",
          f"{r['slots_used']}/{r['slots']}", f"{r['memory_allocated_mib']}/{r['capacity_mib']}MiB",
          f"{r['cores_allocated']}%"] for r in rows]))
+    for r in rows:
+        if r["blocked"]:
+            click.echo(f"GPU {r['index']} takes no new allocation: {r['blocked']}")
 
 
 @cli.command()
@@ -77,10 +93,11 @@ def ps(ctx, as_json):
     from . import store
     cfg = _config(ctx.obj["config_path"])
     rows = []
-    for cid, entry in sorted(allocations(cfg).items()):
-        pid = entry.get("pid") or store.host_pid(cfg.state_dir, cid)
+    for name, entry in sorted(allocations(cfg).items(), key=lambda kv: (kv[1]["id"], kv[0])):
+        pid = entry.get("pid") or store.host_pid(cfg.state_dir, name)
         for device in entry["devices"]:
-            rows.append({"container": cid, "gpu": device.get("index"), "uuid": device["uuid"],
+            rows.append({"container": entry["id"], "runc_root": entry["runc_root"],
+                         "gpu": device.get("index"), "uuid": device["uuid"],
                          "memory_mib": device["mem_mib"], "cores": device["cores"],
                          "pid": pid, "identity": entry.get("identity", {})})
     if as_json:
@@ -94,7 +111,9 @@ def ps(ctx, as_json):
 
 def main(argv=None) -> int:
     try:
-        cli.main(args=argv, standalone_mode=False)
+        rc = cli.main(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and rc:  # ctx.exit(n) comes back as the return value
+            return rc
     except HamiError as exc:
         click.echo(f"hamictl: {exc.line()}", err=True)
         return 1
@@ -112,3 +131,4 @@ def main(argv=None) -> int:
 # from .top import top; cli.add_command(top)
 from .top import top_command; cli.add_command(top_command)  # noqa: E402
 from .metrics import metrics_command; cli.add_command(metrics_command)  # noqa: E402
+from .doctor import doctor_command; cli.add_command(doctor_command)  # noqa: E402

@@ -7,8 +7,7 @@ already edited spec converges.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 VGPU_DIR = "/usr/local/vgpu"
 LIBVGPU_PATH = f"{VGPU_DIR}/libvgpu.so"
@@ -20,31 +19,52 @@ RO_BIND = ["bind", "ro", "nosuid", "nodev"]
 RW_BIND = ["bind", "rw", "nosuid", "nodev"]
 
 
-@dataclass(frozen=True)
-class DeviceNode:
+class DeviceNode(NamedTuple):
     path: str
     major: int
     minor: int
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     source: str
     destination: str
     options: Tuple[str, ...]
 
 
-@dataclass
 class Injection:
-    """Everything the modifiers put into a spec, decided before editing."""
-    devices: List[DeviceNode] = field(default_factory=list)
-    mounts: List[Mount] = field(default_factory=list)     # driver files, libvgpu, region, extras
-    env: Dict[str, str] = field(default_factory=dict)
-    library_dirs: List[str] = field(default_factory=list)  # appended to LD_LIBRARY_PATH
-    hook_argv: List[str] = field(default_factory=list)     # [path, args...]; poststop/createRuntime appended
-    hook_env: List[str] = field(default_factory=list)
-    create_hook_argv: List[str] = field(default_factory=list)  # createRuntime's own; []: hook_argv
-    marker: Optional[dict] = None
+    """Everything the modifiers put into a spec, decided before editing (a
+    plain class: this is the create path, and dataclasses loads inspect)."""
+    FIELDS = {
+        "devices": list,       # DeviceNode
+        "mounts": list,        # Mount: driver files, libvgpu, region, extras
+        "env": dict,
+        "library_dirs": list,  # appended to LD_LIBRARY_PATH
+        "hook_argv": list,     # [path, args...]; poststop/createRuntime appended
+        "hook_env": list,
+        "create_hook_argv": list,  # createRuntime's own (the launcher's C hook); []: hook_argv
+        "marker": lambda: None,
+    }
+    __slots__ = tuple(FIELDS)
+
+    def __init__(self, **values):
+        unknown = set(values) - set(self.FIELDS)
+        if unknown:
+            raise TypeError(f"Injection: unknown field {sorted(unknown)[0]!r}")
+        for name, default in self.FIELDS.items():
+            setattr(self, name, values[name] if name in values else default())
+
+    def replace(self, **changes) -> "Injection":
+        return Injection(**{**{n: getattr(self, n) for n in self.FIELDS}, **changes})
+
+    def __eq__(self, other):
+        if type(other) is not Injection:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.FIELDS)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "Injection(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS) + ")"
 
 
 def device_nodes(minors: Sequence[int], majors: Dict[str, int]) -> List[DeviceNode]:
@@ -111,6 +131,9 @@ def set_env(spec: dict, inj: Injection) -> dict:
 
 
 def add_hooks(spec: dict, inj: Injection) -> dict:
+    """createRuntime records the host PID; poststop frees the allocation. With
+    the launcher's C hook, createRuntime is that hook and there is no poststop
+    (hami-runtime delete and every later allocator transaction free it)."""
     if not inj.hook_argv:
         return spec
     hooks = spec.setdefault("hooks", {})
@@ -119,9 +142,13 @@ def add_hooks(spec: dict, inj: Injection) -> dict:
         argv = inj.create_hook_argv if stage == "createRuntime" and inj.create_hook_argv else inj.hook_argv
         kept = [h for h in hooks.get(stage) or []
                 if not any((h.get("args") or [])[:len(mine)] == mine for mine in ours)]
-        kept.append({"path": argv[0], "args": argv + [stage],
-                     "env": list(inj.hook_env), "timeout": 30})
-        hooks[stage] = kept
+        if stage == "createRuntime" or not inj.create_hook_argv:
+            kept.append({"path": argv[0], "args": argv + [stage],
+                         "env": list(inj.hook_env), "timeout": 30})
+        if kept:
+            hooks[stage] = kept
+        else:
+            hooks.pop(stage, None)
     return spec
 
 

@@ -20,11 +20,16 @@ import mmap
 import os
 import re
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def Path(*parts):  # noqa: N802 - pathlib.Path, loaded on first use (the create path needs none)
+    from pathlib import Path as _Path
+    return _Path(*parts)
 
 REGION_FILE_NAME = "vgpu.region"
 
@@ -37,24 +42,38 @@ class RegionError(Exception):
     """A region file that cannot be used (missing, truncated, foreign, wrong version)."""
 
 
-def header_candidates() -> List[Path]:
+def _header_candidates() -> List[str]:
     env = os.environ.get("HAMI_REGION_HEADER")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parent.parent / "libvgpu_src" / "region.h")
-    candidates.append(Path(sys.prefix) / "share" / "hami" / "region.h")
-    candidates.append(Path("/usr/local/share/hami/region.h"))
+    candidates = [env] if env else []
+    here = os.path.dirname(os.path.realpath(__file__))
+    candidates.append(os.path.join(os.path.dirname(here), "libvgpu_src", "region.h"))
+    candidates.append(os.path.join(sys.prefix, "share", "hami", "region.h"))
+    candidates.append("/usr/local/share/hami/region.h")
     return candidates
 
 
-def find_header() -> Path:
+def header_candidates() -> List[Path]:
+    return [Path(c) for c in _header_candidates()]
+
+
+def _find_header() -> str:
     env = os.environ.get("HAMI_REGION_HEADER")
-    if env and not Path(env).is_file():
+    if env and not os.path.isfile(env):
         raise RegionError(f"HAMI_REGION_HEADER: no such file: {env}")
-    for candidate in header_candidates():
-        if candidate.is_file():
+    for candidate in _header_candidates():
+        if os.path.isfile(candidate):
             return candidate
-    tried = ", ".join(str(c) for c in header_candidates())
+    tried = ", ".join(_header_candidates())
     raise RegionError(f"region.h not found (tried {tried})")
+
+
+def find_header() -> Path:
+    return Path(_find_header())
+
+
+def _read(path: str) -> bytes:
+    with builtins.open(path, "rb") as handle:
+        return handle.read()
 
 
 def cdef_source(header_text: str) -> str:
@@ -89,7 +108,7 @@ def _parsed_ffi(header_text: bytes):
 
 
 def _load_ffi():
-    header_text = find_header().read_bytes()
+    header_text = _read(_find_header())
     prebuilt = _prebuilt_ffi(header_text)
     return prebuilt if prebuilt is not None else _parsed_ffi(header_text)
 
@@ -144,28 +163,27 @@ STATES = {
 }
 
 
-@dataclass(frozen=True)
-class DeviceLimit:
+# Named tuples, not dataclasses: the runtime's create path writes a region,
+# and dataclasses loads inspect.
+class DeviceLimit(NamedTuple):
     uuid: str
     mem_limit_bytes: int  # 0 = no limit
     sm_limit_pct: int  # 0 or >= 100 = no limit
 
 
-@dataclass(frozen=True)
-class DeviceUsage:
+class DeviceUsage(NamedTuple):
     mem_used: int
     ctx_used: int
     sm_busy_ns: int
     launches: int
 
 
-@dataclass(frozen=True)
-class ProcessUsage:
+class ProcessUsage(NamedTuple):
     slot: int
     pid: int  # as the container sees it
     host_pid: int  # 0 when not known
     started_ns: int
-    devices: List[DeviceUsage] = field(default_factory=list)
+    devices: Sequence[DeviceUsage] = ()
     owner: int = 0  # (pid << 32) | (start time in clock ticks & 0xffffffff)
 
     @property
@@ -248,9 +266,16 @@ def image(devices: Sequence[DeviceLimit], core_policy: str = "default", priority
 def create(path, devices: Sequence[DeviceLimit], core_policy: str = "default",
            priority: int = 1) -> Path:
     """Writes a READY region at `path` atomically (temp file, fsync, rename), mode 0666."""
-    path = Path(path)
+    write_new(os.fspath(path), devices, core_policy, priority)
+    return Path(path)
+
+
+def write_new(path: str, devices: Sequence[DeviceLimit], core_policy: str = "default",
+              priority: int = 1) -> None:
+    """create() without pathlib (the runtime's create path)."""
     data = image(devices, core_policy, priority)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    from .files import temp_beside
+    fd, tmp = temp_beside(path, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
@@ -264,12 +289,11 @@ def create(path, devices: Sequence[DeviceLimit], core_policy: str = "default",
         except FileNotFoundError:
             pass
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return path
 
 
 class Region:

@@ -7,8 +7,10 @@ from typing import Dict, Iterable
 PREFIXES = ("hami.io/", "nvidia.com/")
 KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu-uuid",
         "use-gputype", "nouse-gputype", "core-policy", "priority", "vgpu-devices-allocated")
-# Keys that ask for a GPU by themselves; the others only shape a request.
-REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "vgpu-devices-allocated")
+# Keys that ask for a GPU by themselves (gpu-uuid: that GPU); the others only
+# shape a request, and alone leave a container untouched.
+REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid",
+                "vgpu-devices-allocated")
 ENV_KEYS = ("HAMI_GPUMEM", "HAMI_GPUCORES", "HAMI_GPUMEM_PERCENTAGE")
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 # A pod's sandbox (pause) container carries the pod annotations too (containerd's
@@ -34,3 +36,13 @@ def mentions_request(annotations: Dict[str, str], env: Iterable[str], env_reques
         names = (VISIBLE,) + ENV_KEYS
         return any(isinstance(e, str) and e.partition("=")[0] in names for e in env or ())
     return False
+
+
+def mentioned_keys(annotations: Dict[str, str], env: Iterable[str], env_requests: bool) -> list:
+    """The request keys present (for the log line of a container that asks for nothing)."""
+    found = [k for k in sorted(annotations or {})
+             if any(k.startswith(p) and k[len(p):] in KEYS for p in PREFIXES)]
+    if env_requests:
+        names = (VISIBLE,) + ENV_KEYS
+        found += [e for e in env or () if isinstance(e, str) and e.partition("=")[0] in names]
+    return found

@@ -4,9 +4,7 @@ that names the key and the value."""
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Literal, Optional, Tuple
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from .errors import HamiError
 
@@ -15,48 +13,85 @@ from .request_keys import ENV_KEYS, KEYS, PREFIXES, REQUEST_KEYS
 MAX_GPUS = 16
 _NUMBER = re.compile(r"[0-9]{1,10}")
 _UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
+CORE_POLICIES = ("default", "force", "disable")
 
 
-class AssignedDevice(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class AssignedDevice(NamedTuple):
     uuid: str
-    mem_mib: int = Field(ge=1)
-    cores: int = Field(ge=0, le=100)
+    mem_mib: int
+    cores: int
 
 
-class GpuRequest(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    source: Literal["annotations", "env"]
-    count: Optional[int] = Field(default=1, ge=1, le=MAX_GPUS)  # None: every GPU
-    mem_mib: Optional[int] = Field(default=None, ge=1)
-    mem_percentage: Optional[int] = Field(default=None, ge=1, le=100)
-    cores: Optional[int] = Field(default=None, ge=0, le=100)
-    use_uuids: Tuple[str, ...] = ()
-    avoid_uuids: Tuple[str, ...] = ()
-    use_indices: Tuple[int, ...] = ()
-    use_types: Tuple[str, ...] = ()
-    avoid_types: Tuple[str, ...] = ()
-    core_policy: Literal["default", "force", "disable"] = "default"
-    priority: int = Field(default=1, ge=0, le=1)
-    assigned: Tuple[AssignedDevice, ...] = ()
-    keys: Dict[str, str] = {}  # the request as written, for messages
+class GpuRequest:
+    """A validated request (read-only). Plain, so that a create loads no model
+    library: every value is checked where it is parsed, and again here."""
+    __slots__ = ("source", "count", "mem_mib", "mem_percentage", "cores", "use_uuids",
+                 "avoid_uuids", "use_indices", "use_types", "avoid_types", "core_policy",
+                 "priority", "assigned", "keys")
+
+    def __init__(self, source, count=1, mem_mib=None, mem_percentage=None, cores=None,
+                 use_uuids=(), avoid_uuids=(), use_indices=(), use_types=(), avoid_types=(),
+                 core_policy="default", priority=1, assigned=(), keys=None):
+        def bounded(name, value, low, high, optional=True):
+            if value is None and optional:
+                return value
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"GpuRequest {name}={value!r}: not in {low}..{high}")
+            return value
+        if source not in ("annotations", "env"):
+            raise ValueError(f"GpuRequest source={source!r}")
+        if core_policy not in CORE_POLICIES:
+            raise ValueError(f"GpuRequest core_policy={core_policy!r}")
+        values = dict(
+            source=source, count=bounded("count", count, 1, MAX_GPUS),  # None: every GPU
+            mem_mib=bounded("mem_mib", mem_mib, 1, 1 << 30),
+            mem_percentage=bounded("mem_percentage", mem_percentage, 1, 100),
+            cores=bounded("cores", cores, 0, 100), use_uuids=tuple(use_uuids),
+            avoid_uuids=tuple(avoid_uuids), use_indices=tuple(use_indices),
+            use_types=tuple(use_types), avoid_types=tuple(avoid_types), core_policy=core_policy,
+            priority=bounded("priority", priority, 0, 1, optional=False),
+            assigned=tuple(assigned), keys=dict(keys or {}))  # keys: the request as written
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"GpuRequest is read-only: cannot set {name!r}")
+
+    def __eq__(self, other):
+        if type(other) is not GpuRequest:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "GpuRequest(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+
+    def key_for(self, short: str) -> str:
+        """The key this request wrote `short` under (hami.io/ or nvidia.com/)."""
+        return next((k for k in self.keys if k.partition("/")[2] == short), f"hami.io/{short}")
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.keys.items()) or self.source
 
 
 def number(key: str, value: str, low: int, high: int) -> int:
-    text = value.strip()
-    if not _NUMBER.fullmatch(text):
-        raise HamiError(key, value, "not a whole number")
-    result = int(text)
+    """Plain ASCII digits and nothing else ("100\n" and " 100" are refused)."""
+    if not isinstance(value, str) or not _NUMBER.fullmatch(value):
+        raise HamiError(key, value, "not a whole number (ASCII digits only)")
+    result = int(value)
     if not low <= result <= high:
         raise HamiError(key, value, f"out of range {low}..{high}")
     return result
 
 
+def _items(value: str):
+    """A comma list; spaces around items are allowed, other white space is not."""
+    return tuple(item.strip(" ") for item in value.split(",") if item.strip(" "))
+
+
 def uuid_list(key: str, value: str) -> Tuple[str, ...]:
-    items = tuple(item.strip() for item in value.split(",") if item.strip())
+    items = _items(value)
     if not items:
         raise HamiError(key, value, "empty list of UUIDs")
     for item in items:
@@ -66,30 +101,33 @@ def uuid_list(key: str, value: str) -> Tuple[str, ...]:
 
 
 def type_list(key: str, value: str) -> Tuple[str, ...]:
-    items = tuple(item.strip().lower() for item in value.split(",") if item.strip())
+    items = tuple(item.lower() for item in _items(value))
     if not items:
         raise HamiError(key, value, "empty list of GPU types")
+    for item in items:
+        if not item.isprintable():
+            raise HamiError(key, value, f"not a GPU type: {item!r}")
     return items
 
 
 def parse_assigned(key: str, value: str) -> Tuple[AssignedDevice, ...]:
     """HAMi's decision: 'UUID,NVIDIA,<MiB>,<cores>:' per device, ';' per container.
     Only a single-container decision can be matched to this container."""
-    containers = value.strip().split(";")
-    if containers and containers[-1].strip() == "":
+    containers = value.split(";")
+    if containers and containers[-1] == "":
         containers.pop()
     if len(containers) != 1:
         raise HamiError(key, value, f"{len(containers)} container entries: cannot tell which "
                         "one is this container")
     devices = []
-    for entry in (e for e in containers[0].split(":") if e.strip()):
-        parts = [p.strip() for p in entry.split(",")]
+    for entry in (e for e in containers[0].split(":") if e):
+        parts = entry.split(",")
         if len(parts) != 4:
             raise HamiError(key, value, f"device entry {entry!r} is not UUID,NVIDIA,<MiB>,<cores>")
         uuid, vendor, mem, cores = parts
         if not _UUID.fullmatch(uuid):
             raise HamiError(key, value, f"not a GPU UUID: {uuid!r}")
-        if vendor.upper() != "NVIDIA":
+        if vendor != "NVIDIA":
             raise HamiError(key, value, f"device vendor {vendor!r} is not NVIDIA")
         devices.append(AssignedDevice(uuid=uuid, mem_mib=number(key, mem, 1, 1 << 30),
                                       cores=number(key, cores, 0, 100)))
@@ -110,7 +148,7 @@ def collect(annotations: Dict[str, str]) -> Dict[str, Tuple[str, str]]:
                 value = annotations[key]
                 if not isinstance(value, str):
                     raise HamiError(key, repr(value), "annotation value must be a string")
-                if short in found and found[short][1].strip() != value.strip():
+                if short in found and found[short][1] != value:
                     other = found[short][0]
                     raise HamiError(key, value, f"conflicts with {other}={found[short][1]}")
                 found.setdefault(short, (key, value))
@@ -150,9 +188,9 @@ def from_annotations(annotations: Dict[str, str]) -> Optional[GpuRequest]:
         args["avoid_types"] = type_list(*found["nouse-gputype"])
     if get("core-policy"):
         key, value = found["core-policy"]
-        if value.strip() not in ("default", "force", "disable"):
+        if value not in CORE_POLICIES:
             raise HamiError(key, value, "must be default, force or disable")
-        args["core_policy"] = value.strip()
+        args["core_policy"] = value
     if get("priority"):
         args["priority"] = number(*found["priority"], 0, 1)
     if get("vgpu-devices-allocated"):
@@ -182,7 +220,7 @@ def from_env(env: Dict[str, str]) -> Optional[GpuRequest]:
         return None
     args: dict = {"source": "env",
                   "keys": {k: env[k] for k in ("NVIDIA_VISIBLE_DEVICES",) + ENV_KEYS if k in env}}
-    text = (visible or "").strip()
+    text = (visible or "").strip(" ")
     if visible is not None and text.lower() in ("none", "void", ""):
         if has_limits:
             name = next(k for k in ENV_KEYS if k in env)
@@ -191,7 +229,7 @@ def from_env(env: Dict[str, str]) -> Optional[GpuRequest]:
     if text.lower() == "all":
         args["count"] = None
     elif text:
-        items = [i.strip() for i in text.split(",") if i.strip()]
+        items = list(_items(text))
         indices: List[int] = []
         uuids: List[str] = []
         for item in items:

@@ -2,16 +2,29 @@
 under an fcntl lock and replaced atomically.
 
 Layout of the state dir:
-  allocations.json    {"version": 1, "allocations": {<container id>: entry}}
+  allocations.json    {"version": 2, "allocations": {<name>: entry},
+                       "invalid": {<name>: {"entry": ..., "reason": ...}}}
   allocations.lock    the lock (a separate file, so the rename keeps it valid)
-  containers/<id>/    the shared-region dir, mounted into the container
-  private/<id>/       host-only files: ld.so.preload, owner.json, pid (the
+  containers/<name>/  the shared-region dir, mounted into the container
+  private/<name>/     host-only files: ld.so.preload, owner.json, pid (the
                       container's host PID, written by the createRuntime hook)
 
-An entry is live while runc's state dir for it exists (<runc root>/<id>) or
-while the process that made it (hami-runtime, which becomes runc by exec)
-still runs. Dead entries are freed at the start of every transaction, so a
-SIGKILL anywhere leaks nothing past the next operation. A missing or corrupt
+An allocation belongs to a (runc root, container id) pair: containerd keeps a
+runc root per namespace and two namespaces may use the same id. Its <name> is
+"<id>@<root key>", the root key a hash of the root's path.
+
+An entry is live while the process that made it (hami-runtime, which becomes
+runc by exec) still runs, or while runc's state for it exists
+(<runc root>/<id>/state.json: runc made the container). A runc dir without
+state.json whose creator is gone is a create killed half-way. Dead entries
+are freed at the start of every transaction, so a SIGKILL anywhere leaks
+nothing past the next operation.
+
+Every state file is untrusted input: read only as a regular file owned by
+root (or us), never through a symlink, bounded in size; every field of every
+entry is checked. An entry that fails the checks is kept apart as invalid
+(hamictl shows it, `hamictl doctor` repairs it) and never counts as free
+capacity. Deleting never follows a symlink inside the state dir. A corrupt
 state file is rebuilt from live containers' bundles (their config.json holds
 the allocation as the hami.io/allocation annotation).
 """
@@ -21,86 +34,227 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
+import re
+import stat
 import time
-from typing import Dict, Iterable, Iterator
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from .errors import HamiError
-from .files import atomic_write, process_alive
+from .files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
 from .ids import check_container_id
 
-VERSION = 1
+VERSION = 2
 STATE_FILE = "allocations.json"
 LOCK_FILE = "allocations.lock"
+SUBDIRS = ("containers", "private")
 MARKER = "hami.io/allocation"
 PID_FILE = "pid"
+OWNER_FILE = "owner.json"
+MAX_STATE_BYTES = 16 << 20
+MAX_SMALL_FILE = 64 << 10
+MAX_DEVICES = 16
+MAX_MEM_MIB = 1 << 30
+CORE_POLICIES = ("default", "force", "disable")
+_ROOT_KEY = re.compile(r"[0-9a-f]{16}")
+_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
 
 
-def container_dir(state_dir: str, cid: str) -> str:
-    return os.path.join(state_dir, "containers", check_container_id(cid))
+def root_key(runc_root: str) -> str:
+    return sha256_hex(os.fsencode(runc_root))[:16]
 
 
-def private_dir(state_dir: str, cid: str) -> str:
-    return os.path.join(state_dir, "private", check_container_id(cid))
+def alloc_name(runc_root: str, cid: str) -> str:
+    """The allocation's name (state key and dir name) for a (runc root, id) pair."""
+    return f"{check_container_id(cid)}@{root_key(runc_root)}"
 
 
-def record_host_pid(state_dir: str, cid: str, pid: int) -> None:
-    """What the createRuntime hook records (the launcher's C hook writes the
-    same file): no lock, one atomic file; a container without a private dir
-    has no allocation and nothing is written."""
-    directory = private_dir(state_dir, cid)
-    if os.path.isdir(directory):
-        atomic_write(os.path.join(directory, PID_FILE), f"{int(pid)}\n".encode(), 0o644)
+def check_name(name) -> Tuple[str, str]:
+    """(container id, root key) of a well-formed allocation name."""
+    cid, at, key = name.rpartition("@") if isinstance(name, str) else ("", "", "")
+    if not at or not _ROOT_KEY.fullmatch(key):
+        raise HamiError("allocation name", name, "must be <container id>@<16 hex digits>")
+    return check_container_id(cid), key
 
 
-def host_pid(state_dir: str, cid: str) -> int:
-    """The recorded host PID, 0 when none is (yet)."""
+def _well_formed(name: str) -> bool:
     try:
-        with open(os.path.join(private_dir(state_dir, cid), PID_FILE), encoding="ascii") as handle:
-            text = handle.read()
-    except (OSError, ValueError):
-        return 0
-    return int(text) if text.strip().isdigit() else 0
-
-
-def entry_alive(entry: dict) -> bool:
-    root, cid = entry.get("runc_root"), entry.get("id")
-    if root and cid and os.path.isdir(os.path.join(root, cid)):
-        return True
-    creator = entry.get("creator") or {}
-    return process_alive(creator.get("pid", 0), creator.get("start"))
-
-
-def remove_dirs(state_dir: str, cid: str) -> None:
-    for path in (container_dir(state_dir, cid), private_dir(state_dir, cid)):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _valid_state(data) -> bool:
-    if not isinstance(data, dict) or data.get("version") != VERSION:
+        check_name(name)
+    except HamiError:
         return False
-    allocations = data.get("allocations")
-    if not isinstance(allocations, dict):
-        return False
-    for cid, entry in allocations.items():
-        if not isinstance(entry, dict) or entry.get("id") != cid:
-            return False
-        devices = entry.get("devices")
-        if not isinstance(devices, list) or not all(
-                isinstance(d, dict) and isinstance(d.get("uuid"), str)
-                and isinstance(d.get("mem_mib"), int) and isinstance(d.get("cores"), int)
-                for d in devices):
-            return False
     return True
 
 
-def _bundle_of(root: str, cid: str):
+def container_dir(state_dir: str, name: str) -> str:
+    check_name(name)
+    return os.path.join(state_dir, "containers", name)
+
+
+def private_dir(state_dir: str, name: str) -> str:
+    check_name(name)
+    return os.path.join(state_dir, "private", name)
+
+
+def id_of(name: str) -> str:
+    return name.rpartition("@")[0]
+
+
+def _is_int(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def entry_problem(name, entry) -> str:
+    """'' for a well-formed entry stored under `name`, else what is wrong."""
+    if not isinstance(entry, dict):
+        return "entry is not an object"
+    cid, root = entry.get("id"), entry.get("runc_root")
+    if not isinstance(root, str) or not os.path.isabs(root):
+        return f"runc_root={root!r} is not an absolute path"
     try:
-        with open(os.path.join(root, cid, "state.json"), encoding="utf-8") as handle:
-            labels = json.load(handle).get("config", {}).get("labels", [])
-    except (OSError, ValueError, AttributeError):
+        check_container_id(cid)
+    except HamiError as exc:
+        return exc.line()
+    if name != alloc_name(root, cid):
+        return f"stored as {name!r}, but its runc root and id name it {alloc_name(root, cid)!r}"
+    if not isinstance(entry.get("bundle"), str):
+        return f"bundle={entry.get('bundle')!r} is not a path"
+    devices = entry.get("devices")
+    if not isinstance(devices, list) or not 1 <= len(devices) <= MAX_DEVICES:
+        return f"devices must be a list of 1 to {MAX_DEVICES} GPUs"
+    for i, d in enumerate(devices):
+        if not isinstance(d, dict) or set(d) != {"index", "uuid", "mem_mib", "cores"}:
+            return f"devices[{i}] must have exactly index, uuid, mem_mib, cores"
+        if not isinstance(d["uuid"], str) or not _UUID.fullmatch(d["uuid"]):
+            return f"devices[{i}].uuid={d['uuid']!r} is not a GPU UUID"
+        for field, low, high in (("index", 0, 1023), ("mem_mib", 1, MAX_MEM_MIB),
+                                 ("cores", 0, 100)):
+            if not _is_int(d[field], low, high):
+                return f"devices[{i}].{field}={d[field]!r} is not a whole number in {low}..{high}"
+    if len({d["uuid"] for d in devices}) != len(devices):
+        return "devices name the same GPU twice"
+    if entry.get("core_policy") not in CORE_POLICIES:
+        return f"core_policy={entry.get('core_policy')!r} is not one of {', '.join(CORE_POLICIES)}"
+    if entry.get("priority") not in (0, 1) or isinstance(entry.get("priority"), bool):
+        return f"priority={entry.get('priority')!r} is not 0 or 1"
+    if not _is_int(entry.get("pid", 0), 0, 1 << 31):
+        return f"pid={entry.get('pid')!r} is not a process id"
+    creator = entry.get("creator", {})
+    if not isinstance(creator, dict) or not _is_int(creator.get("pid", 0), 0, 1 << 31) or not (
+            creator.get("start") is None or _is_int(creator.get("start"), 0, 1 << 62)):
+        return f"creator={creator!r} is not {{pid, start}}"
+    return ""
+
+
+def subdir_fd(state_dir: str, sub: str, create: bool = False) -> Optional[int]:
+    """An fd on containers/ or private/, None when absent; a symlink there is refused."""
+    path = os.path.join(state_dir, sub)
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
-    for label in labels or ():
+    except OSError as exc:
+        if os.path.islink(path):
+            raise HamiError(path, "", "is a symbolic link: the state dir's subdirs must be "
+                            "real directories (hamictl doctor --repair)") from None
+        raise HamiError(path, "", f"not a directory: {exc.strerror}") from None
+
+
+def remove_at(dir_fd: int, name: str) -> None:
+    """Remove `name` under dir_fd: a dir tree (never following a link inside
+    it), or a link or file itself."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        import shutil  # only when there is a tree to remove
+        shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+
+
+def make_dirs(state_dir: str, name: str) -> Tuple[str, str]:
+    """Fresh containers/<name>/ and private/<name>/ (whatever was there goes)."""
+    check_name(name)
+    paths = []
+    for sub in SUBDIRS:
+        fd = subdir_fd(state_dir, sub, create=True)
+        try:
+            remove_at(fd, name)
+            os.mkdir(name, 0o755, dir_fd=fd)
+        finally:
+            os.close(fd)
+        paths.append(os.path.join(state_dir, sub, name))
+    return paths[0], paths[1]
+
+
+def remove_dirs(state_dir: str, name: str) -> None:
+    check_name(name)
+    for sub in SUBDIRS:
+        fd = subdir_fd(state_dir, sub)
+        if fd is None:
+            continue
+        try:
+            remove_at(fd, name)
+        finally:
+            os.close(fd)
+
+
+def record_host_pid(state_dir: str, name: str, pid: int) -> None:
+    """What the createRuntime hook records (the launcher's C hook writes the
+    same file): no lock, one atomic file; a container without a private dir
+    has no allocation and nothing is written."""
+    directory = private_dir(state_dir, name)
+    if os.path.isdir(directory) and not os.path.islink(directory) \
+            and not os.path.islink(os.path.dirname(directory)):
+        atomic_write(os.path.join(directory, PID_FILE), f"{int(pid)}\n".encode(), 0o644)
+
+
+def host_pid(state_dir: str, name: str) -> int:
+    """The recorded host PID, 0 when none is (yet) or the file is not one."""
+    try:
+        text = read_state_file(os.path.join(private_dir(state_dir, name), PID_FILE), 64)
+    except (OSError, HamiError):
+        return 0
+    text = text[:-1] if text.endswith(b"\n") else text
+    return int(text) if text.isdigit() and text.isascii() else 0
+
+
+def runc_made(runc_root: str, cid: str) -> bool:
+    """runc made this container: its state.json exists (it stays until delete)."""
+    return os.path.lexists(os.path.join(runc_root, cid, "state.json"))
+
+
+def entry_alive(entry: dict) -> bool:
+    """Also asked of invalid entries: any field may be anything."""
+    creator = entry.get("creator")
+    creator = creator if isinstance(creator, dict) else {}
+    if process_alive(creator.get("pid", 0), creator.get("start")):
+        return True
+    root, cid = entry.get("runc_root"), entry.get("id")
+    if not isinstance(root, str) or not os.path.isabs(root):
+        return False
+    try:
+        check_container_id(cid)
+    except HamiError:
+        return False
+    return runc_made(root, cid)
+
+
+def read_json(path: str, limit: int = MAX_SMALL_FILE):
+    try:
+        return json.loads(read_state_file(path, limit))
+    except (OSError, ValueError, HamiError):
+        return None
+
+
+def _bundle_of(root: str, cid: str):
+    data = read_json(os.path.join(root, cid, "state.json"), MAX_STATE_BYTES)
+    labels = ((data or {}).get("config") or {}).get("labels") if isinstance(data, dict) else None
+    for label in labels if isinstance(labels, list) else ():
         if isinstance(label, str) and label.startswith("bundle="):
             return label[len("bundle="):]
     return None
@@ -115,114 +269,165 @@ def _marker_of(bundle: str):
         return None
 
 
-def rebuild(state_dir: str, roots: Iterable[str]) -> Dict[str, dict]:
+def rebuild(state_dir: str) -> Dict[str, dict]:
     """Allocations of the live GPU containers, read back from their bundles.
     Only containers that have our host-side private dir count, so an
     annotation a user wrote cannot claim a GPU."""
-    private = os.path.join(state_dir, "private")
-    ids = sorted(os.listdir(private)) if os.path.isdir(private) else []
-    roots = set(roots)
-    owners: Dict[str, dict] = {}
-    for cid in ids:
-        try:
-            with open(os.path.join(private, cid, "owner.json"), encoding="utf-8") as handle:
-                owners[cid] = json.load(handle)
-            roots.add(owners[cid]["runc_root"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    found: Dict[str, dict] = {}
-    # A create still running (before runc made its dir) is live too.
-    for cid, owner in owners.items():
-        creator = owner.get("creator") if isinstance(owner, dict) else None
-        if isinstance(creator, dict) and process_alive(creator.get("pid", 0), creator.get("start")):
-            entry = _marker_of(owner.get("bundle", ""))
-            if isinstance(entry, dict) and entry.get("id") == cid:
-                entry.update(runc_root=owner.get("runc_root"), bundle=owner.get("bundle"),
-                             creator=creator)
-                found[cid] = entry
-    for root in sorted(r for r in roots if isinstance(r, str)):
-        for cid in ids:
-            if cid in found or not os.path.isdir(os.path.join(root, cid)):
-                continue
-            bundle = _bundle_of(root, cid)
-            entry = _marker_of(bundle) if bundle else None
-            if isinstance(entry, dict) and entry.get("id") == cid:
-                entry.update(runc_root=root, bundle=bundle, creator={})
-                found[cid] = entry
-    if not _valid_state({"version": VERSION, "allocations": found}):
+    fd = subdir_fd(state_dir, "private")
+    if fd is None:
         return {}
+    try:
+        names = sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+    found: Dict[str, dict] = {}
+    for name in names:
+        owner = read_json(os.path.join(state_dir, "private", name, OWNER_FILE))
+        if not isinstance(owner, dict):
+            continue
+        root, cid, creator = owner.get("runc_root"), owner.get("id"), owner.get("creator")
+        if not isinstance(root, str) or not isinstance(cid, str) or not os.path.isabs(root):
+            continue
+        try:
+            # A dir named by the id alone is a container made before allocations
+            # had a runc root: it is accounted under its new name, its dir kept.
+            if name not in (alloc_name(root, cid), cid):
+                continue
+        except HamiError:
+            continue
+        name = alloc_name(root, cid)
+        creator = creator if isinstance(creator, dict) else {}
+        if process_alive(creator.get("pid", 0), creator.get("start")):
+            bundle = owner.get("bundle")  # a create still running (before runc made its dir)
+        elif runc_made(root, cid):
+            bundle, creator = _bundle_of(root, cid), {}
+        else:
+            continue
+        entry = _marker_of(bundle) if isinstance(bundle, str) else None
+        if isinstance(entry, dict) and entry.get("id") == cid:
+            entry.update(runc_root=root, bundle=bundle, creator=creator)
+            if not entry_problem(name, entry):
+                found[name] = entry
     return found
 
 
 class State:
-    def __init__(self, state_dir: str, allocations: Dict[str, dict]):
+    def __init__(self, state_dir: str, allocations: Dict[str, dict], invalid: Dict[str, dict]):
         self.state_dir = state_dir
         self.allocations = allocations
+        self.invalid = invalid          # name -> {"entry": as found, "reason": why}
         self.freed: list = []
 
     def reconcile(self) -> None:
-        for cid in [c for c, e in self.allocations.items() if not entry_alive(e)]:
-            self.release(cid)
+        for name in [n for n, e in self.allocations.items() if not entry_alive(e)]:
+            self.release(name)
+        # An invalid entry is dropped once the container it names (if any) is gone.
+        for name in [n for n, bad in self.invalid.items()
+                     if isinstance(bad.get("entry"), dict) and not entry_alive(bad["entry"])
+                     and isinstance(bad["entry"].get("runc_root"), str)
+                     and isinstance(bad["entry"].get("id"), str)]:
+            self.invalid.pop(name)
+            self.freed.append(name)
         # Temp files of an interrupted atomic write (only written under this lock).
-        for name in os.listdir(self.state_dir):
-            if name.startswith(".hami-"):
+        for entry in os.scandir(self.state_dir):
+            if entry.name.startswith(".hami-"):
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.state_dir, name))
+                    os.unlink(entry.path)
         # Dirs that no entry owns come from a crash between steps: drop them.
-        for sub in ("containers", "private"):
-            base = os.path.join(self.state_dir, sub)
-            for cid in (os.listdir(base) if os.path.isdir(base) else ()):
-                if cid not in self.allocations:
-                    shutil.rmtree(os.path.join(base, cid), ignore_errors=True)
+        # A name of another form (a dir from before allocations had a runc root,
+        # which a live container may still mount) is left to hamictl doctor.
+        keep = set(self.allocations) | set(self.invalid)
+        for sub in SUBDIRS:
+            fd = subdir_fd(self.state_dir, sub)
+            if fd is None:
+                continue
+            try:
+                for name in os.listdir(fd):
+                    if name not in keep and _well_formed(name):
+                        remove_at(fd, name)
+            finally:
+                os.close(fd)
 
-    def release(self, cid: str) -> bool:
-        entry = self.allocations.pop(cid, None)
-        remove_dirs(self.state_dir, cid)
+    def release(self, name: str) -> bool:
+        entry = self.allocations.pop(name, None)
+        remove_dirs(self.state_dir, name)
         if entry is not None:
-            self.freed.append(cid)
+            self.freed.append(name)
         return entry is not None
 
     def to_json(self) -> dict:
-        return {"version": VERSION, "allocations": self.allocations}
+        data = {"version": VERSION, "allocations": self.allocations}
+        if self.invalid:
+            data["invalid"] = self.invalid
+        return data
 
 
-def _load(state_dir: str, roots: Iterable[str]) -> Dict[str, dict]:
+def parse_state(data) -> Optional[Tuple[Dict[str, dict], Dict[str, dict]]]:
+    """(valid entries, invalid ones with the reason), None for a file that is
+    not a state file at all."""
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        return None
+    allocations, invalid = data.get("allocations"), data.get("invalid", {})
+    if not isinstance(allocations, dict) or not isinstance(invalid, dict):
+        return None
+    good: Dict[str, dict] = {}
+    bad: Dict[str, dict] = {}
+    for name, entry in allocations.items():
+        why = entry_problem(name, entry)
+        if why:
+            bad[name] = {"entry": entry, "reason": why}
+        else:
+            good[name] = entry
+    for name, item in invalid.items():
+        if isinstance(item, dict) and isinstance(item.get("reason"), str):
+            bad.setdefault(name, {"entry": item.get("entry"), "reason": item["reason"]})
+        else:
+            bad.setdefault(name, {"entry": item, "reason": "unreadable invalid entry"})
+    return good, bad
+
+
+def _load(state_dir: str) -> Tuple[Dict[str, dict], Dict[str, dict]]:
     path = os.path.join(state_dir, STATE_FILE)
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-        if _valid_state(data):
-            return data["allocations"]
+        raw = read_state_file(path, MAX_STATE_BYTES)
     except FileNotFoundError:
-        return rebuild(state_dir, roots)
-    except (OSError, ValueError):
-        pass
+        return rebuild(state_dir), {}
+    try:
+        parsed = parse_state(json.loads(raw))
+    except ValueError:
+        parsed = None
+    if parsed is not None:
+        return parsed
     # Keep the bad file for the operator, then rebuild from what runs.
     with contextlib.suppress(OSError):
         os.replace(path, f"{path}.corrupt-{int(time.time())}")
-    return rebuild(state_dir, roots)
+    return rebuild(state_dir), {}
+
+
+def open_lock(state_dir: str) -> int:
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+        return open_state_file(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        raise HamiError("config state_dir", state_dir, f"cannot use: {exc.strerror}") from None
 
 
 @contextlib.contextmanager
-def transaction(state_dir: str, roots: Iterable[str] = (), reconcile: bool = True
-                ) -> Iterator[State]:
+def transaction(state_dir: str, reconcile: bool = True) -> Iterator[State]:
     """Lock, load (or rebuild), free dead entries, yield; on a clean exit
-    write the state back atomically if it changed."""
-    try:
-        os.makedirs(state_dir, mode=0o755, exist_ok=True)
-        lock_fd = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise HamiError("config state_dir", state_dir, f"cannot use: {exc.strerror}") from None
+    write the state back atomically if it changed. A state file that is not
+    one is refused (the lock is released on the way out)."""
+    lock_fd = open_lock(state_dir)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        allocations = _load(state_dir, roots)
-        before = json.dumps(allocations, sort_keys=True)
-        state = State(state_dir, allocations)
+        allocations, invalid = _load(state_dir)
+        before = json.dumps([allocations, invalid], sort_keys=True)
+        state = State(state_dir, allocations, invalid)
         if reconcile:
             state.reconcile()
         yield state
-        if json.dumps(state.allocations, sort_keys=True) != before or not os.path.exists(
-                os.path.join(state_dir, STATE_FILE)):
+        if json.dumps([state.allocations, state.invalid], sort_keys=True) != before or \
+                not os.path.exists(os.path.join(state_dir, STATE_FILE)):
             atomic_write(os.path.join(state_dir, STATE_FILE),
                          (json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n").encode(),
                          0o644)
@@ -230,7 +435,21 @@ def transaction(state_dir: str, roots: Iterable[str] = (), reconcile: bool = Tru
         os.close(lock_fd)
 
 
-def release(state_dir: str, cid: str, roots: Iterable[str] = ()) -> bool:
-    """Free the container's allocation (idempotent)."""
-    with transaction(state_dir, roots) as state:
-        return state.release(check_container_id(cid))
+def release(state_dir: str, runc_root: str, cid: str) -> bool:
+    """Free the (root, id) allocation if its container is gone (idempotent).
+    A live container, or a create still in flight, keeps it: the lock orders
+    this against the create."""
+    name = alloc_name(runc_root, cid)
+    with transaction(state_dir) as state:
+        return name in state.freed
+
+
+def discard(state_dir: str, name: str, creator: dict) -> bool:
+    """A create that fails after committing its entry takes it back: only its
+    own entry, and only while runc has not made the container."""
+    with transaction(state_dir) as state:
+        entry = state.allocations.get(name)
+        if entry is None or entry.get("creator") != creator or \
+                runc_made(entry["runc_root"], entry["id"]):
+            return False
+        return state.release(name)

@@ -1,6 +1,6 @@
 """`hamictl top`: live GPU use per container, read from the shared regions.
 
-Each container the runtime gave a GPU has <state_dir>/containers/<id>/vgpu.region;
+Each container the runtime gave a GPU has <state_dir>/containers/<id>@<root key>/vgpu.region;
 libvgpu keeps its counters there. Memory is read as it is; SM use is the
 measured kernel time over a short interval (two reads `interval` apart).
 """
@@ -68,18 +68,19 @@ def region_module():
 
 
 def region_files(state_dir: str) -> Dict[str, str]:
-    """container id -> region file, for every container dir that has one."""
+    """allocation name (<id>@<root key>) -> region file, for every container dir
+    that has one; a symlinked containers/ is not read."""
     region = region_module()
     base = os.path.join(state_dir, "containers")
     try:
-        ids = sorted(os.listdir(base))
+        names = [] if os.path.islink(base) else sorted(os.listdir(base))
     except FileNotFoundError:
         return {}
     found = {}
-    for cid in ids:
-        path = os.path.join(base, cid, region.REGION_FILE_NAME)
-        if os.path.isfile(path):
-            found[cid] = path
+    for name in names:
+        path = os.path.join(base, name, region.REGION_FILE_NAME)
+        if os.path.isfile(path) and not os.path.islink(os.path.dirname(path)):
+            found[name] = path
     return found
 
 
@@ -105,7 +106,8 @@ def read_container(cid: str, path: str) -> ContainerView:
 
 
 def read_all(state_dir: str) -> List[ContainerView]:
-    return [read_container(cid, path) for cid, path in region_files(state_dir).items()]
+    return [read_container(name.rpartition("@")[0] or name, path)
+            for name, path in region_files(state_dir).items()]
 
 
 def _pct(busy_now: int, busy_before: int, elapsed_ns: int) -> Optional[float]:
@@ -116,9 +118,9 @@ def _pct(busy_now: int, busy_before: int, elapsed_ns: int) -> Optional[float]:
 
 def add_rates(before: List[ContainerView], after: List[ContainerView], elapsed_ns: int) -> None:
     """Fills sm_use_pct in `after` from the busy time measured since `before`."""
-    earlier = {c.id: c for c in before}
+    earlier = {c.region: c for c in before}
     for container in after:
-        old = earlier.get(container.id)
+        old = earlier.get(container.region)
         if old is None or old.error or container.error:
             continue
         for dev in container.devices:

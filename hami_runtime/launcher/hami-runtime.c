@@ -4,7 +4,11 @@
  * Passthrough subcommands (everything but create, run and delete) become the
  * real runtime at once, with no interpreter start: the launcher reads only the
  * `runtime` key of the config and execs the first executable candidate.
- * create/run/delete, and anything this launcher does not fully understand
+ * delete runs the real runtime's delete and returns its status at once; the
+ * allocation is then freed by a detached Python release (stdio on /dev/null),
+ * and by any later allocator transaction in any case, since an allocation
+ * whose container runc removed is dead by the allocator's rule.
+ * create/run, and anything this launcher does not fully understand
  * (an unusual config, a runtime that is this program), go to the Python
  * runtime, which decides and reports errors as usual. `hami-hook` is the
  * createRuntime hook (hook.c).
@@ -19,7 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "hook.h"
@@ -178,13 +184,90 @@ static int config_runtimes(char cands[][PATH_MAX], int *count)
     return 1;
 }
 
+/* The real runtime from the config (or the defaults); NULL: leave it to Python. */
+static const char *find_runtime(void)
+{
+    static char cands[MAX_CANDIDATES][PATH_MAX];
+    int count = 0;
+    int found = config_runtimes(cands, &count);
+    if (found < 0)
+        return NULL;
+    if (found == 1)
+        for (count = 0; default_runtimes[count]; count++)
+            snprintf(cands[count], PATH_MAX, "%s", default_runtimes[count]);
+    char self[PATH_MAX], real[PATH_MAX];
+    if (!realpath("/proc/self/exe", self))
+        return NULL;
+    for (int i = 0; i < count; i++) {
+        struct stat st;
+        if (stat(cands[i], &st) != 0 || !S_ISREG(st.st_mode) || access(cands[i], X_OK) != 0)
+            continue;
+        if (!realpath(cands[i], real) || strcmp(real, self) == 0)
+            return NULL; /* Python refuses it with the usual message */
+        return cands[i];
+    }
+    return NULL; /* no runtime: Python reports it */
+}
+
+/* The Python release after runc's delete, detached: the caller does not wait
+ * for it, and it holds none of the caller's pipes. */
+static void release_detached(char **argv)
+{
+    pid_t child = fork();
+    if (child < 0)
+        return; /* the next allocator transaction frees it */
+    if (child == 0) {
+        if (setsid() < 0 || fork() != 0)
+            _exit(0);
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 1);
+            dup2(null, 2);
+            if (null > 2)
+                close(null);
+        }
+        setenv(DELETE_DONE_ENV, "1", 1);
+        run_python(argv);
+    }
+    waitpid(child, NULL, 0);
+}
+
+static int delete_then_release(const char *runtime, char **argv)
+{
+    pid_t child = fork();
+    if (child < 0)
+        run_python(argv); /* Python runs runc's delete itself */
+    if (child == 0) {
+        argv[0] = (char *)runtime;
+        execv(runtime, argv);
+        fprintf(stderr, "hami-runtime: runtime=%s: %s\n", runtime, strerror(errno));
+        _exit(127);
+    }
+    int status;
+    while (waitpid(child, &status, 0) < 0)
+        if (errno != EINTR)
+            return 1;
+    release_detached(argv);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], HOOK_SUBCOMMAND) == 0)
         return hook_main(argc - 2, argv + 2);
     int unknown_flag;
     const char *cmd = subcommand(argc, argv, &unknown_flag);
-    if (cmd && (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "delete"))) {
+    if (cmd && !strcmp(cmd, "delete")) {
+        const char *runtime = find_runtime();
+        if (!runtime)
+            run_python(argv);
+        char *self = argv[0];
+        int rc = delete_then_release(runtime, argv);
+        argv[0] = self;
+        return rc;
+    }
+    if (cmd && (!strcmp(cmd, "create") || !strcmp(cmd, "run"))) {
         char exe[PATH_MAX];
         if (realpath("/proc/self/exe", exe))
             setenv(LAUNCHER_ENV, exe, 1); /* the createRuntime hook can be this program */

@@ -2,11 +2,15 @@
  * The createRuntime hook without an interpreter start (runc runs it inside
  * its create, so its time is the create's):
  *
- *   hami-runtime hami-hook --state-dir DIR createRuntime  < OCI state
+ *   hami-runtime hami-hook --state-dir DIR --root-key KEY createRuntime  < OCI state
  *
- * records the container's host PID as <DIR>/private/<id>/pid ("<pid>\n",
- * replaced atomically), which hamictl reads. A container with no private dir
- * has no allocation: nothing to record. poststop stays with the Python hook.
+ * records the container's host PID as <DIR>/private/<id>@<KEY>/pid ("<pid>\n",
+ * replaced atomically), which hamictl reads; KEY names the runc root (an
+ * allocation belongs to a runc root and an id). A container with no private
+ * dir has no allocation: nothing to record. Nothing here follows a symlink
+ * inside the state dir. No poststop hook is needed with the launcher:
+ * hami-runtime delete frees the allocation, as does any later allocator
+ * transaction (runc removes the container's state before poststop).
  */
 #include "hook.h"
 
@@ -157,16 +161,42 @@ static int valid_id(const char *id)
     return 1;
 }
 
-static int record_pid(const char *state_dir, const char *id, long pid)
+/* The root key: 16 lowercase hex digits (hami_runtime/store.py root_key). */
+static int valid_root_key(const char *key)
 {
-    char dir[PATH_MAX], tmp[PATH_MAX], path[PATH_MAX];
-    if (snprintf(dir, sizeof dir, "%s/private/%s", state_dir, id) >= (int)sizeof dir ||
+    if (strlen(key) != 16)
+        return 0;
+    for (const char *c = key; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* 0: a real directory; 1: absent; -1: anything else (a symlink included). */
+static int real_dir(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 1 : -1;
+    return S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+static int record_pid(const char *state_dir, const char *id, const char *key, long pid)
+{
+    char base[PATH_MAX], dir[PATH_MAX], tmp[PATH_MAX], path[PATH_MAX];
+    if (snprintf(base, sizeof base, "%s/private", state_dir) >= (int)sizeof base ||
+        snprintf(dir, sizeof dir, "%s/%s@%s", base, id, key) >= (int)sizeof dir ||
         snprintf(path, sizeof path, "%s/pid", dir) >= (int)sizeof path ||
         snprintf(tmp, sizeof tmp, "%s/.pid.%ld.tmp", dir, (long)getpid()) >= (int)sizeof tmp)
         return fail("--state-dir", "path too long");
-    struct stat st;
-    if (stat(dir, &st) != 0)
-        return errno == ENOENT ? 0 : fail(dir, strerror(errno));
+    const char *const parts[] = {base, dir};
+    for (int i = 0; i < 2; i++) {
+        int found = real_dir(parts[i]);
+        if (found == 1)
+            return 0;
+        if (found < 0)
+            return fail(parts[i], "not a real directory (a symlink is refused)");
+    }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
         return fail(tmp, strerror(errno));
@@ -184,17 +214,21 @@ static int record_pid(const char *state_dir, const char *id, long pid)
 
 int hook_main(int argc, char **argv)
 {
-    const char *state_dir = NULL, *stage = NULL;
+    const char *state_dir = NULL, *key = NULL, *stage = NULL;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--state-dir") == 0 && i + 1 < argc)
             state_dir = argv[++i];
+        else if (strcmp(argv[i], "--root-key") == 0 && i + 1 < argc)
+            key = argv[++i];
         else if (!stage)
             stage = argv[i];
         else
             return fail("argument not understood", argv[i]);
     }
-    if (!state_dir || !stage || strcmp(stage, "createRuntime") != 0)
-        return fail("usage", "hami-runtime hami-hook --state-dir DIR createRuntime");
+    if (!state_dir || !key || !stage || strcmp(stage, "createRuntime") != 0)
+        return fail("usage", "hami-runtime hami-hook --state-dir DIR --root-key KEY createRuntime");
+    if (!valid_root_key(key))
+        return fail("--root-key must be 16 lowercase hex digits", key);
     if (state_dir[0] != '/')
         return fail("--state-dir must be an absolute path", state_dir);
 
@@ -224,5 +258,5 @@ int hook_main(int argc, char **argv)
                         " (no path parts)\n", id);
         return 1;
     }
-    return record_pid(state_dir, id, pid);
+    return record_pid(state_dir, id, key, pid);
 }

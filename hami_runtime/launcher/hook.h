@@ -6,6 +6,9 @@
 /* The environment variable that tells the Python runtime which launcher
  * started it, so that the createRuntime hook it writes can be this program. */
 #define LAUNCHER_ENV "HAMI_LAUNCHER"
+/* Set for the detached release the launcher starts after runc's delete: the
+ * Python runtime then only frees (it never frees a live container). */
+#define DELETE_DONE_ENV "HAMI_DELETE_DONE"
 
 /* argv after the subcommand; returns the exit status. */
 int hook_main(int argc, char **argv);

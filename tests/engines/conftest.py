@@ -102,11 +102,12 @@ class Hami:
             data = json.loads((self.state_dir / "allocations.json").read_text())
         except FileNotFoundError:
             return {}
-        return data.get("allocations", {})
+        return {e["id"]: e for e in data.get("allocations", {}).values()}
 
     def region_dirs(self) -> List[str]:
+        """The container ids that have a region dir (named <id>@<runc root key>)."""
         base = self.state_dir / "containers"
-        return sorted(os.listdir(base)) if base.is_dir() else []
+        return sorted(n.rpartition("@")[0] for n in os.listdir(base)) if base.is_dir() else []
 
     def assert_nothing_allocated(self) -> None:
         assert self.allocations() == {}

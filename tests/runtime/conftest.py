@@ -117,12 +117,16 @@ class Node:
         (path / "config.json").write_text(json.dumps(spec, indent=2))
         return path
 
-    def runtime(self, *args, log_format=None, timeout=TIMEOUT, cmd=None, env=None):
-        """hami-runtime with our root; stdio are files, never pipes (create's
-        container inherits them)."""
+    def runtime_argv(self, *args, log_format=None, cmd=None):
         argv = list(cmd or RUNTIME) + ["--root", str(self.runc_root), "--log", str(self.tmp / "runc.log")]
         if log_format:
             argv += ["--log-format", log_format]
+        return argv + list(args)
+
+    def runtime(self, *args, log_format=None, timeout=TIMEOUT, cmd=None, env=None):
+        """hami-runtime with our root; stdio are files, never pipes (create's
+        container inherits them)."""
+        argv = self.runtime_argv(log_format=log_format, cmd=cmd)
         out, err = self.tmp / "out", self.tmp / "err"
         with open(out, "wb") as o, open(err, "wb") as e:
             proc = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, stdout=o, stderr=e,
@@ -143,11 +147,15 @@ class Node:
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
-    def allocations(self):
+    def state(self):
         try:
-            return json.loads((self.state_dir / "allocations.json").read_text())["allocations"]
+            return json.loads((self.state_dir / "allocations.json").read_text())
         except FileNotFoundError:
-            return {}
+            return {"allocations": {}}
+
+    def allocations(self):
+        """container id -> entry (this node's tests use one runc root)."""
+        return {e["id"]: e for e in self.state()["allocations"].values()}
 
     def containers(self):
         proc = subprocess.run([RUNC, "--root", str(self.runc_root), "list", "-q"],

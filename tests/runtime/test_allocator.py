@@ -36,6 +36,8 @@ def run(annotations, entries=(), env=(), **kw):
     ({"hami.io/gpumem": "41000"}, [], {}, [("GPU-1", 41000, 0)]),
     ({"hami.io/gpucores": "50"}, [entry(("GPU-0", 1, 60))], {}, [("GPU-1", 81920, 50)]),
     ({"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,300,20:"}, [], {}, [("GPU-1", 300, 20)]),
+    ({"hami.io/gpu-uuid": "GPU-1"}, [], {}, [("GPU-1", 81920, 0)]),
+    ({"nvidia.com/gpu-uuid": "GPU-1", "hami.io/gpumem": "9"}, [], {}, [("GPU-1", 9, 0)]),
 ])
 def test_allocates(annotations, entries, options, expected):
     assert run(annotations, entries, **options) == expected
@@ -57,6 +59,8 @@ def test_split_count_limits_slots():
     ({"hami.io/gpumem": "90000"}, [], "request", "0 of 1 GPU"),
     ({"hami.io/gpu": "3"}, [], "request", "2 of 3"),
     ({"hami.io/gpumem": "1", "hami.io/gpu-uuid": "GPU-9"}, [], "hami.io/gpu-uuid", "no GPU"),
+    ({"hami.io/gpu-uuid": "GPU-9"}, [], "hami.io/gpu-uuid", "no GPU"),
+    ({"nvidia.com/gpu-uuid": "GPU-9"}, [], "nvidia.com/gpu-uuid", "no GPU"),
     ({"hami.io/gpumem": "1", "hami.io/use-gputype": "v100"}, [], "request", "matches"),
     ({"hami.io/vgpu-devices-allocated": "GPU-7,NVIDIA,1,1:"}, [], "hami.io/vgpu-devices-allocated",
      "no GPU"),
@@ -67,3 +71,25 @@ def test_refusals(annotations, entries, field, text):
     with pytest.raises(HamiError) as caught:
         run(annotations, entries)
     assert caught.value.field == field and text in caught.value.line()
+
+
+def invalid(*devices, reason="devices[0].mem_mib=-5 is not a whole number in 1..1073741824"):
+    return {"forged@0123456789abcdef": {"entry": entry(*devices), "reason": reason}}
+
+
+@pytest.mark.parametrize("bad,entries,blocked", [
+    (invalid(("GPU-0", -40960, 0)), [], ["GPU-0"]),         # negative memory frees nothing
+    (invalid(("GPU-1", 1, -100)), [], ["GPU-1"]),            # nor negative cores
+    (invalid(("GPU-7", -1, 0)), [], []),                    # a GPU not on this node
+    ({"x@0123456789abcdef": {"entry": "garbage", "reason": "entry is not an object"}}, [],
+     ["GPU-0", "GPU-1"]),                                    # unreadable: holds every GPU
+    ({}, [entry(("GPU-0", 50000, 0))], ["GPU-0"]),           # more than the GPU has
+])
+def test_invalid_state_never_counts_as_free(bad, entries, blocked):
+    for gpu in ("GPU-0", "GPU-1"):
+        request = {"hami.io/gpumem": "1", "hami.io/gpu-uuid": gpu}
+        if gpu in blocked:
+            with pytest.raises(HamiError, match="hamictl doctor"):
+                run(request, entries, invalid=bad)
+        else:
+            assert run(request, entries, invalid=bad) == [(gpu, 1, 0)]

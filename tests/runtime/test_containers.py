@@ -57,13 +57,24 @@ def test_detached_container_shown_then_deleted(node):
     assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
 
 
-def test_no_request_spec_untouched(node):
-    bundle = node.bundle("plain", args=("true",))
+@pytest.mark.parametrize("annotations,logged", [
+    ({}, "no GPU request, passed through"),
+    ({"hami.io/priority": "0"}, "passed through untouched: hami.io/priority ask(s) for no GPU"),
+    ({"nvidia.com/core-policy": "force", "hami.io/use-gputype": "A100"},
+     "passed through untouched: hami.io/use-gputype, nvidia.com/core-policy ask(s) for no GPU"),
+])
+def test_no_request_spec_untouched(node, annotations, logged):
+    """A container that asks for no GPU runs with its spec byte for byte; keys
+    that only shape a request say so in the runtime log."""
+    log = node.tmp / "hami.log"
+    node.write_config(log_file=str(log), log_level="debug")
+    bundle = node.bundle("plain", annotations, args=("true",))
     before = (bundle / "config.json").read_bytes()
     proc = node.runtime("run", "--bundle", str(bundle), "plain")
     assert proc.returncode == 0, proc.stderr
     assert (bundle / "config.json").read_bytes() == before
     assert node.allocations() == {}
+    assert f"plain: {logged}" in log.read_text()
 
 
 @pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")

@@ -1,5 +1,5 @@
 """The launcher's createRuntime hook (hook.c): the host PID as
-private/<id>/pid, written by a C program inside runc's create."""
+private/<id>@<root key>/pid, written by a C program inside runc's create."""
 import json
 import subprocess
 
@@ -12,64 +12,92 @@ from .conftest import LAUNCHER, RUNC, TIMEOUT
 pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
 
 
+KEY = store.root_key("/run/runc")
+NAME = f"c1@{KEY}"
+
+
 def hook(state_dir, stdin, *args):
-    argv = [str(LAUNCHER), "hami-hook", "--state-dir", str(state_dir)] + list(args or ["createRuntime"])
+    argv = [str(LAUNCHER), "hami-hook", "--state-dir", str(state_dir), "--root-key", KEY] + \
+        list(args or ["createRuntime"])
     return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=TIMEOUT)
 
 
-def state(**fields):
+def state_doc(**fields):
     return json.dumps({"ociVersion": "1.0.2", "status": "creating", "bundle": "/b", **fields})
 
 
 @pytest.mark.parametrize("stdin,pid", [
-    (state(id="c1", pid=4242), 4242),
+    (state_doc(id="c1", pid=4242), 4242),
     # an "id" deeper down is not the container's
     (json.dumps({"annotations": {"id": "../x", "n": [{"pid": 1}]}, "id": "c1", "pid": 77}), 77),
     (' {\n "id" : "c1" , "pid" : 0 }\n', 0),
-    (state(id="c1"), 0),
+    (state_doc(id="c1"), 0),
 ])
 def test_records_the_pid(tmp_path, stdin, pid):
-    (tmp_path / "private" / "c1").mkdir(parents=True)
+    (tmp_path / "private" / NAME).mkdir(parents=True)
     proc = hook(tmp_path, stdin)
     assert (proc.returncode, proc.stderr) == (0, "")
-    assert (tmp_path / "private" / "c1" / "pid").read_text() == f"{pid}\n"
-    assert store.host_pid(str(tmp_path), "c1") == pid
-    assert sorted(p.name for p in (tmp_path / "private" / "c1").iterdir()) == ["pid"]
+    assert (tmp_path / "private" / NAME / "pid").read_text() == f"{pid}\n"
+    assert store.host_pid(str(tmp_path), NAME) == pid
+    assert sorted(p.name for p in (tmp_path / "private" / NAME).iterdir()) == ["pid"]
 
 
 @pytest.mark.parametrize("stdin,args,message", [
     ("not json", (), "stdin: not an OCI state document"),
     ('{"id": "c1", "pid": "12"}', (), "stdin: not an OCI state document"),
     ('{"id": "c1", "pid": 12', (), "stdin: not an OCI state document"),
-    (state(pid=3), (), "container id: missing container id"),
-    (state(id="../c1", pid=3), (), "container id='../c1': must be letters"),
-    (state(id="a/b", pid=3), (), "container id='a/b': must be letters"),
-    (state(id="c1", pid=3), ("poststop",), "usage"),
-    (state(id="c1", pid=3), ("createRuntime", "extra"), "argument not understood: extra"),
+    (state_doc(pid=3), (), "container id: missing container id"),
+    (state_doc(id="../c1", pid=3), (), "container id='../c1': must be letters"),
+    (state_doc(id="a/b", pid=3), (), "container id='a/b': must be letters"),
+    (state_doc(id="c1", pid=3), ("poststop",), "usage"),
+    (state_doc(id="c1", pid=3), ("createRuntime", "extra"), "argument not understood: extra"),
 ])
 def test_refusals_are_one_line(tmp_path, stdin, args, message):
-    (tmp_path / "private" / "c1").mkdir(parents=True)
+    (tmp_path / "private" / NAME).mkdir(parents=True)
     proc = hook(tmp_path, stdin, *args)
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"hami-hook: {message}") and proc.stderr.count("\n") == 1
-    assert list((tmp_path / "private" / "c1").iterdir()) == []
+    assert list((tmp_path / "private" / NAME).iterdir()) == []
+
+
+@pytest.mark.parametrize("link", ["private", f"private/{NAME}"])
+def test_symlinks_in_the_state_dir_are_not_followed(tmp_path, link):
+    """A private/ (or private/<name>) that is a link to elsewhere gets nothing written."""
+    outside = tmp_path / "outside"
+    (outside / NAME).mkdir(parents=True)
+    state = tmp_path / "state"
+    (state / "private").mkdir(parents=True)
+    (state / link).rmdir() if (state / link).exists() else None
+    (state / link).symlink_to(outside if link == "private" else outside / NAME)
+    proc = hook(state, state_doc(id="c1", pid=5))
+    assert proc.returncode == 1 and "symlink is refused" in proc.stderr
+    assert list((outside / NAME).iterdir()) == []
+
+
+@pytest.mark.parametrize("key", ["", "0123", "0123456789ABCDEF", "../../../../tmp/x"])
+def test_root_key_checked(tmp_path, key):
+    proc = subprocess.run([str(LAUNCHER), "hami-hook", "--state-dir", str(tmp_path), "--root-key",
+                           key, "createRuntime"], input=state_doc(id="c1", pid=1),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 1 and "--root-key must be 16 lowercase hex digits" in proc.stderr
 
 
 def test_no_allocation_nothing_written(tmp_path):
-    proc = hook(tmp_path, state(id="c9", pid=5))
+    proc = hook(tmp_path, state_doc(id="c9", pid=5))
     assert proc.returncode == 0 and not (tmp_path / "private").exists()
 
 
 def test_relative_state_dir_refused(tmp_path):
-    proc = subprocess.run([str(LAUNCHER), "hami-hook", "--state-dir", "rel", "createRuntime"],
-                          input=state(id="c1", pid=1), capture_output=True, text=True,
+    proc = subprocess.run([str(LAUNCHER), "hami-hook", "--state-dir", "rel", "--root-key", KEY,
+                           "createRuntime"],
+                          input=state_doc(id="c1", pid=1), capture_output=True, text=True,
                           timeout=TIMEOUT, cwd=tmp_path)
     assert proc.returncode == 1 and "absolute" in proc.stderr
 
 
 def test_launcher_create_uses_the_c_hook(node):
-    """Through the launcher, runc runs the C hook at createRuntime (the Python
-    one stays for poststop); hamictl ps shows the PID runc reports."""
+    """Through the launcher, runc runs the C hook at createRuntime and there is
+    no poststop hook of ours; hamictl ps shows the PID runc reports."""
     bundle = node.bundle("ch", {"hami.io/gpumem": "500"})
     proc = node.create("ch", bundle, cmd=[str(LAUNCHER)])
     assert proc.returncode == 0, proc.stderr
@@ -77,9 +105,10 @@ def test_launcher_create_uses_the_c_hook(node):
         hooks = json.loads((bundle / "config.json").read_text())["hooks"]
         [create_hook] = hooks["createRuntime"]
         assert create_hook["args"] == [str(LAUNCHER.resolve()), "hami-hook", "--state-dir",
-                                       str(node.state_dir), "createRuntime"]
+                                       str(node.state_dir), "--root-key",
+                                       store.root_key(str(node.runc_root)), "createRuntime"]
         assert create_hook["path"] == str(LAUNCHER.resolve()) and create_hook["env"]
-        assert hooks["poststop"][0]["path"] != str(LAUNCHER.resolve())
+        assert "poststop" not in hooks
         runc_state = json.loads(subprocess.run(
             [RUNC, "--root", str(node.runc_root), "state", "ch"], capture_output=True, text=True,
             timeout=TIMEOUT, check=True).stdout)

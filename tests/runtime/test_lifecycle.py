@@ -177,16 +177,24 @@ def test_passthrough_imports_nothing_heavy(node, args):
                           "hami_runtime.allocator", "hami_runtime.region", "hami_runtime.discovery"}
 
 
-def test_hook_release_is_idempotent(node):
+def test_hook_release_is_idempotent_and_spares_a_live_container(node):
     assert node.create("h", node.bundle("h", {"hami.io/gpumem": "10"})).returncode == 0
     state = json.dumps({"ociVersion": "1.0.2", "id": "h", "status": "stopped", "pid": 0,
                         "bundle": str(node.tmp)})
-    for _ in range(2):
+
+    def poststop():
         proc = subprocess.run([sys.executable, "-m", "hami_hook", "--state-dir", str(node.state_dir),
                                "--runc-root", str(node.runc_root), "poststop"], input=state,
                               capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 0, proc.stderr
-        assert node.allocations() == {}
+
+    poststop()  # runc still has the container: nothing is freed
+    assert list(node.allocations()) == ["h"]
+    # runc's own delete runs the hook (this create had no launcher): freed
+    subprocess.run([RUNC, "--root", str(node.runc_root), "delete", "h"], check=True, timeout=TIMEOUT)
+    assert node.allocations() == {}
+    poststop()
+    assert node.allocations() == {}
     bad = subprocess.run([sys.executable, "-m", "hami_hook", "--state-dir", str(node.state_dir),
                           "poststop"], input='{"id": "../x"}', capture_output=True, text=True,
                          timeout=TIMEOUT)

@@ -92,11 +92,17 @@ def test_apply_leaves_the_input_alone_when_copied():
     assert original == base()
 
 
-def test_create_runtime_hook_of_its_own_is_not_doubled():
-    import dataclasses
-    inj = dataclasses.replace(INJ, create_hook_argv=["/opt/hami-runtime", "hami-hook", "--state-dir", "/state"])
+def test_c_hook_is_not_doubled_and_brings_no_poststop():
+    """With the launcher's C hook there is no poststop of ours (delete and the
+    next transaction free the allocation); the spec's own hooks stay."""
+    inj = INJ.replace(create_hook_argv=["/opt/hami-runtime", "hami-hook", "--state-dir",
+                                        "/state", "--root-key", "0123456789abcdef"])
     once = m.add_hooks(base(), inj)
     twice = m.add_hooks(copy.deepcopy(once), inj)
     assert once == twice
     assert [h["args"] for h in twice["hooks"]["createRuntime"]] == [inj.create_hook_argv + ["createRuntime"]]
-    assert twice["hooks"]["poststop"][1]["args"] == INJ.hook_argv + ["poststop"]
+    assert [h.get("args") for h in twice["hooks"]["poststop"]] == [
+        h.get("args") for h in base()["hooks"]["poststop"]]
+    # a spec edited before without the C hook loses our Python poststop
+    again = m.add_hooks(m.add_hooks(base(), INJ), inj)
+    assert again == once

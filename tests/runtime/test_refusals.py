@@ -39,6 +39,11 @@ CASES = [
     ("mem-too-big", {"hami.io/gpumem": "20000"}, None, None, "request", "hami.io/gpumem=20000"),
     ("unknown-uuid", {"hami.io/gpu-uuid": GPU_UUID_UNKNOWN, "hami.io/gpumem": "10"}, None, None,
      "hami.io/gpu-uuid", GPU_UUID_UNKNOWN),
+    ("unknown-uuid-alone", {"hami.io/gpu-uuid": GPU_UUID_UNKNOWN}, None, None,
+     "hami.io/gpu-uuid", GPU_UUID_UNKNOWN),
+    ("unknown-uuid-alias", {"nvidia.com/gpu-uuid": GPU_UUID_UNKNOWN}, None, None,
+     "nvidia.com/gpu-uuid", GPU_UUID_UNKNOWN),
+    ("mem-trailing-newline", {"hami.io/gpumem": "100\n"}, None, None, "hami.io/gpumem", "100\\n"),
     ("mem-and-percentage", {"hami.io/gpumem": "10", "hami.io/gpumem-percentage": "10"}, None, None,
      "hami.io/gpumem-percentage", "10"),
     ("alias-conflict", {"hami.io/gpumem": "10", "nvidia.com/gpumem": "20"}, None, None,
@@ -130,7 +135,7 @@ def test_unexpected_failure_is_one_line(node, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise region.RegionError("disk on fire\nsecond line")
 
-    monkeypatch.setattr(region, "create", broken)
+    monkeypatch.setattr(region, "write_new", broken)
     monkeypatch.setenv("HAMI_CONFIG", str(node.config))
     monkeypatch.setenv("HAMI_SIM_STATE", str(node.sim_state / "gpu.state"))
     bundle = node.bundle("boom", {"hami.io/gpumem": "10"})

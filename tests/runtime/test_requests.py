@@ -42,6 +42,13 @@ UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
      dict(count=1, use_uuids=(UUID_B,), mem_percentage=25)),
     ({}, ["HAMI_GPUMEM=100"], dict(count=1, mem_mib=100)),
     ({"hami.io/gpumem": "10"}, ["NVIDIA_VISIBLE_DEVICES=all"], dict(count=1, mem_mib=10)),
+    # gpu-uuid alone asks for that one GPU
+    ({"hami.io/gpu-uuid": UUID_A}, [], dict(count=1, use_uuids=(UUID_A,))),
+    ({"nvidia.com/gpu-uuid": UUID_B}, [], dict(count=1, use_uuids=(UUID_B,))),
+    # keys that only shape a request ask for nothing by themselves
+    ({"hami.io/priority": "0"}, [], None),
+    ({"hami.io/core-policy": "force"}, [], None),
+    ({"hami.io/use-gputype": "A100", "nvidia.com/nouse-gpu-uuid": UUID_A}, [], None),
 ])
 def test_parses(annotations, env, expected):
     jsonschema.validate(annotations, ANNOTATION_SCHEMA)
@@ -91,6 +98,17 @@ def test_env_requests_can_be_turned_off():
     ({}, ["NVIDIA_VISIBLE_DEVICES=0", "HAMI_GPUMEM=1.5"], "HAMI_GPUMEM", "1.5"),
     ({}, ["NVIDIA_VISIBLE_DEVICES=none", "HAMI_GPUMEM=5"], "HAMI_GPUMEM", "5"),
     ({}, ["HAMI_GPUMEM=5", "HAMI_GPUMEM_PERCENTAGE=5"], "HAMI_GPUMEM_PERCENTAGE", "5"),
+    # numbers are plain ASCII digits, nothing around them
+    ({"hami.io/gpumem": "100\n"}, [], "hami.io/gpumem", "100\n"),
+    ({"hami.io/gpumem": " 100"}, [], "hami.io/gpumem", " 100"),
+    ({"hami.io/gpucores": "3\u0660"}, [], "hami.io/gpucores", "3\u0660"),
+    ({"hami.io/gpu": "\uff11"}, [], "hami.io/gpu", "\uff11"),
+    ({"hami.io/gpu": "+1"}, [], "hami.io/gpu", "+1"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0", "HAMI_GPUCORES=10\n"], "HAMI_GPUCORES", "10\n"),
+    ({"hami.io/gpu": "1", "hami.io/core-policy": "force\n"}, [], "hami.io/core-policy", "force\n"),
+    ({"hami.io/vgpu-devices-allocated": f"{UUID_A},NVIDIA,10\n,1:"}, [],
+     "hami.io/vgpu-devices-allocated", None),
+    ({"hami.io/gpu-uuid": f"{UUID_A}\n"}, [], "hami.io/gpu-uuid", f"{UUID_A}\n"),
 ])
 def test_refuses_naming_key_and_value(annotations, env, key, value):
     with pytest.raises(HamiError) as caught:
@@ -105,7 +123,8 @@ def test_refuses_naming_key_and_value(annotations, env, key, value):
     {"hami.io/gpumem": "3g"}, {"hami.io/gpumem": "0"}, {"hami.io/gpucores": "101"},
     {"hami.io/gpu": "17"}, {"hami.io/gpumem-percentage": "0"}, {"hami.io/gpu": "1", "hami.io/priority": "2"},
     {"hami.io/gpu": "1", "hami.io/core-policy": "max"}, {"nvidia.com/gpu": "x"},
-    {"hami.io/vgpu-devices-allocated": "GPU-a,AMD,1,1:"},
+    {"hami.io/vgpu-devices-allocated": "GPU-a,AMD,1,1:"}, {"hami.io/gpumem": "100\n"},
+    {"hami.io/gpu": " 1"}, {"hami.io/gpu-uuid": "GPU-a\n"},
 ])
 def test_schema_refuses_what_the_parser_refuses(annotations):
     with pytest.raises(jsonschema.ValidationError):
