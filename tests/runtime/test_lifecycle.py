@@ -6,9 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 
 import pytest
+
+from tests.conftest import ROOT
 
 from .conftest import LAUNCHER, RUNC, RUNTIME, TIMEOUT
 
@@ -163,10 +166,14 @@ def test_passthrough_imports_nothing_heavy(node, args):
     plain = node.bundle("plain", args=("true",))
     args = [a.replace("{plain}", str(plain)) for a in args]
     err = node.tmp / "importtime"
+    # Python started as the launcher starts it: no site processing (the test venv's
+    # client wheels install .pth files that import modules at every start), this
+    # tree and the venv's packages on the path.
+    env = dict(node.env, PYTHONPATH=f"{ROOT}:{sysconfig.get_paths()['purelib']}")
     with open(err, "wb") as stderr:  # files, not pipes: a created container inherits them
-        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hami_runtime", "--root",
+        proc = subprocess.run([sys.executable, "-S", "-X", "importtime", "-m", "hami_runtime", "--root",
                                str(node.runc_root)] + args, stdout=subprocess.DEVNULL, stderr=stderr,
-                              env=node.env, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+                              env=env, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, err.read_text()[-2000:]
     modules = {line.split("|")[-1].strip() for line in err.read_text().splitlines()
                if line.startswith("import time:")}
