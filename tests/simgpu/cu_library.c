@@ -5,7 +5,6 @@
  * wherever a CUfunction is, as on the real driver. */
 #include "sim.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,28 +165,13 @@ CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_o
     SIM_REQUIRE_INIT();
     if (!library || !fileName)
         return CUDA_ERROR_INVALID_VALUE;
-    FILE *f = fopen(fileName, "rb");
-    if (!f)
-        return CUDA_ERROR_FILE_NOT_FOUND;
-    char *data = NULL;
-    size_t len = 0, cap = 0, n;
-    do {
-        if (len + 65536 + 1 > cap) {
-            char *grown = realloc(data, cap = 2 * cap + 65536 + 1);
-            if (!grown) {
-                free(data);
-                fclose(f);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            data = grown;
-        }
-        n = fread(data + len, 1, 65536, f);
-        len += n;
-    } while (n > 0);
-    fclose(f);
-    data[len] = 0;                       /* PTX files need not end in a NUL */
-    CUresult rc = cuLibraryLoadData(library, data, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
-                                    libraryOptionValues, numLibraryOptions);
+    char *data;
+    size_t len;
+    CUresult rc = sim_image_read_file(fileName, &data, &len);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = cuLibraryLoadData(library, data, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                           libraryOptionValues, numLibraryOptions);
     free(data);
     return rc;
 }

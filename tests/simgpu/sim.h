@@ -138,6 +138,9 @@ CUresult sim_image_parse(const void *image, struct sim_image *img);
 /* The kernel's name as the image holds it, or NULL. */
 const char *sim_image_kernel(const struct sim_image *img, const char *name);
 void sim_image_free(struct sim_image *img);
+/* A file's bytes, read whole and NUL-terminated (free them); CUDA_ERROR_FILE_NOT_FOUND when
+ * it cannot be opened. */
+CUresult sim_image_read_file(const char *path, char **data, size_t *len);
 /* Whether `name` is one of the simulator's test kernels (first parameter: duration in µs). */
 int sim_image_test_kernel(const char *name);
 

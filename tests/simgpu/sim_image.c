@@ -19,6 +19,7 @@
 
 #include <ctype.h>
 #include <elf.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,4 +192,31 @@ void sim_image_free(struct sim_image *img)
         free(img->names[i]);
     free(img->names);
     *img = (struct sim_image){0};
+}
+
+CUresult sim_image_read_file(const char *path, char **data, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    char *buf = NULL;
+    size_t n_read = 0, cap = 0, n;
+    do {
+        if (n_read + 65536 + 1 > cap) {
+            char *grown = realloc(buf, cap = 2 * cap + 65536 + 1);
+            if (!grown) {
+                free(buf);
+                fclose(f);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            buf = grown;
+        }
+        n = fread(buf + n_read, 1, 65536, f);
+        n_read += n;
+    } while (n > 0);
+    fclose(f);
+    buf[n_read] = 0;                     /* PTX files need not end in a NUL */
+    *data = buf;
+    *len = n_read;
+    return CUDA_SUCCESS;
 }
