@@ -342,24 +342,24 @@ CUresult cuKernelGetName(const char **name, CUkernel hfunc)
 
 /* A kernel's attributes are kept as a function's are (cu_function.c); the simulator
  * gives every kernel the same static attributes on every device. */
-CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)
+static CUresult kernel_on_device(CUkernel kernel, CUdevice dev)
 {
     SIM_REQUIRE_INIT();
     if (!sim_handle_get((uintptr_t)kernel, SIM_KIND_KERNEL))
         return CUDA_ERROR_INVALID_HANDLE;
-    if (dev < 0 || dev >= sim_config()->visible)
-        return CUDA_ERROR_INVALID_DEVICE;
-    return sim_func_attr_get((uintptr_t)kernel, attrib, pi);
+    return dev < 0 || dev >= sim_config()->visible ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)
+{
+    CUresult rc = kernel_on_device(kernel, dev);
+    return rc != CUDA_SUCCESS ? rc : sim_func_attr_get((uintptr_t)kernel, attrib, pi);
 }
 
 CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev)
 {
-    SIM_REQUIRE_INIT();
-    if (!sim_handle_get((uintptr_t)kernel, SIM_KIND_KERNEL))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (dev < 0 || dev >= sim_config()->visible)
-        return CUDA_ERROR_INVALID_DEVICE;
-    return sim_func_attr_set((uintptr_t)kernel, attrib, val);
+    CUresult rc = kernel_on_device(kernel, dev);
+    return rc != CUDA_SUCCESS ? rc : sim_func_attr_set((uintptr_t)kernel, attrib, val);
 }
 
 /* ---- global variables: found in the library's image, given device memory per context ---- */
