@@ -40,13 +40,18 @@ static void *exported(const char *name)
     return dlsym(RTLD_DEFAULT, name);
 }
 
+/* How much of a context's `bytes` is allocated through the exported cuMemAlloc_v2. */
+static uint64_t self_called_bytes(uint64_t bytes)
+{
+    return sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
+}
+
 /* Takes the context's device memory and starts its default stream. With
  * `self_calls`, one page of that memory is allocated in the new context through
  * the exported cuMemAlloc_v2 (freed with the context); the total is the same. */
 static CUresult ctx_start(struct sim_ctx *c)
 {
-    uint64_t bytes = sim_config()->context_mib * SIM_MIB;
-    uint64_t inner = sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
+    uint64_t bytes = sim_config()->context_mib * SIM_MIB, inner = self_called_bytes(bytes);
     if (inner && ctx_depth >= CTX_STACK_MAX)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (sim_charge(c->dev, bytes - inner) < 0)
@@ -74,8 +79,7 @@ static CUresult ctx_start(struct sim_ctx *c)
 
 static void ctx_stop(struct sim_ctx *c)
 {
-    uint64_t bytes = sim_config()->context_mib * SIM_MIB;
-    uint64_t inner = sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
+    uint64_t bytes = sim_config()->context_mib * SIM_MIB, inner = self_called_bytes(bytes);
     sim_ctx_sync(c);
     sim_ctx_cls_destroy(c);
     c->active = 0;
