@@ -339,17 +339,22 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 
 CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
-CUresult cuCtxGetDevice(CUdevice *device)
-{
-    struct sim_ctx *c;
-    CUresult rc = sim_ctx_current_checked(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    *device = c->dev;
-    return CUDA_SUCCESS;
-}
+/* A property of the current context read back: the context is checked first, then the
+ * output pointer. */
+#define CTX_GETTER(name, type, value)                      \
+    CUresult name(type *out)                               \
+    {                                                      \
+        struct sim_ctx *c;                                 \
+        CUresult rc = sim_ctx_current_checked(&c);         \
+        if (rc != CUDA_SUCCESS)                            \
+            return rc;                                     \
+        if (!out)                                          \
+            return CUDA_ERROR_INVALID_VALUE;               \
+        *out = (value);                                    \
+        return CUDA_SUCCESS;                               \
+    }
+
+CTX_GETTER(cuCtxGetDevice, CUdevice, c->dev)
 
 CUresult cuCtxSynchronize(void)
 {
@@ -375,17 +380,7 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetFlags(unsigned int *flags)
-{
-    struct sim_ctx *c;
-    CUresult rc = sim_ctx_current_checked(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    *flags = c->flags;
-    return CUDA_SUCCESS;
-}
+CTX_GETTER(cuCtxGetFlags, unsigned int, c->flags)
 
 CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
 {
@@ -427,17 +422,7 @@ CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig)
-{
-    struct sim_ctx *c;
-    CUresult rc = sim_ctx_current_checked(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!pconfig)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pconfig = (CUfunc_cache)c->cache_config;
-    return CUDA_SUCCESS;
-}
+CTX_GETTER(cuCtxGetCacheConfig, CUfunc_cache, (CUfunc_cache)c->cache_config)
 
 CUresult cuCtxSetCacheConfig(CUfunc_cache config)
 {
