@@ -79,6 +79,39 @@ class Client:
                                 stderr=subprocess.PIPE, text=True, cwd=self.tmp)
 
 
+def finish(proc: subprocess.Popen) -> dict:
+    """Lets a holding program (Client.start) go on and returns its JSON result."""
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def check_two_processes_share_one_limit(tmp_path: Path, program: str, refused: dict, held_mib: int = 128):
+    """Two processes of `program hold` under one libvgpu limit: the first holds held_mib, the
+    second fills what is left and exits, then the first fills. Both are refused as `refused`."""
+    client = Client(tmp_path, "libvgpu")
+    procs = []
+    try:
+        for mib in (held_mib, 0):
+            procs.append(client.start(program, "hold", mib))
+            assert json.loads(procs[-1].stdout.readline()) == {"holding_mib": mib}
+        second = finish(procs[1])
+        first = finish(procs[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert first["refusal"] == second["refusal"] == refused
+    assert 0 < second["filled_mib"] <= LIMIT_MIB - held_mib
+    # both processes' memory together stays under the one limit
+    assert held_mib + second["filled_mib"] <= LIMIT_MIB
+    # once the second has exited, its share is the first's to take, still within the limit
+    assert second["filled_mib"] <= first["filled_mib"] <= LIMIT_MIB - held_mib
+
+
 @pytest.fixture(scope="session")
 def clients_built():
     """libvgpu, the simulated driver and the 13.x bindings, made when missing."""

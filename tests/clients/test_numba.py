@@ -1,14 +1,13 @@
 """numba-cuda on the simulated driver: what a user sees bare and under libvgpu (the
 card, its memory, numba's own out-of-memory error, a @cuda.jit kernel), the SM limit
 slowing its launches, and two processes sharing one limit."""
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.clients.conftest import LIMIT_MIB, Client
+from tests.clients.conftest import Client, check_two_processes_share_one_limit
 
-CHUNK_MIB = 64            # programs/numba_client.py allocates in these
+CHUNK_MIB = 64            # programs/scenarios.py allocates in these
 OUT_OF_MEMORY = 2         # CUDA_ERROR_OUT_OF_MEMORY
 KERNEL_US = 4000          # each kernel's simulated time
 LAUNCHES = 100
@@ -47,35 +46,5 @@ def test_sm_limit_slows_launches(tmp_path):
     assert limited > 1.5 * unlimited, f"limited {limited:.2f} s, unlimited {unlimited:.2f} s"
 
 
-def finish(proc) -> dict:
-    """Lets a holding process go on and returns its result."""
-    proc.stdin.write("\n")
-    proc.stdin.flush()
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-4000:]
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def test_two_processes_share_one_limit(tmp_path):
-    client = Client(tmp_path, "libvgpu")
-    held_mib = 128
-    procs = []
-    try:
-        for mib in (held_mib, 0):
-            procs.append(client.start("numba_client", "hold", mib))
-            assert json.loads(procs[-1].stdout.readline()) == {"holding_mib": mib}
-        # the second process fills what the first left and exits; then the first fills
-        second = finish(procs[1])
-        first = finish(procs[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    refused = {"error": "CudaAPIError", "code": OUT_OF_MEMORY}
-    assert first["refusal"] == second["refusal"] == refused
-    assert 0 < second["filled_mib"] <= LIMIT_MIB - held_mib
-    # both processes' memory together stays under the one limit
-    assert held_mib + second["filled_mib"] <= LIMIT_MIB
-    # once the second has exited, its share is the first's to take, still within the limit
-    assert second["filled_mib"] <= first["filled_mib"] <= LIMIT_MIB - held_mib
+    check_two_processes_share_one_limit(tmp_path, "numba_client", {"error": "CudaAPIError", "code": OUT_OF_MEMORY})

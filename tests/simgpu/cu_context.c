@@ -40,13 +40,18 @@ static void *exported(const char *name)
     return dlsym(RTLD_DEFAULT, name);
 }
 
+/* How much of a context's `bytes` is allocated through the exported cuMemAlloc_v2. */
+static uint64_t self_called_bytes(uint64_t bytes)
+{
+    return sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
+}
+
 /* Takes the context's device memory and starts its default stream. With
  * `self_calls`, one page of that memory is allocated in the new context through
  * the exported cuMemAlloc_v2 (freed with the context); the total is the same. */
 static CUresult ctx_start(struct sim_ctx *c)
 {
-    uint64_t bytes = sim_config()->context_mib * SIM_MIB;
-    uint64_t inner = sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
+    uint64_t bytes = sim_config()->context_mib * SIM_MIB, inner = self_called_bytes(bytes);
     if (inner && ctx_depth >= CTX_STACK_MAX)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (sim_charge(c->dev, bytes - inner) < 0)
@@ -74,8 +79,7 @@ static CUresult ctx_start(struct sim_ctx *c)
 
 static void ctx_stop(struct sim_ctx *c)
 {
-    uint64_t bytes = sim_config()->context_mib * SIM_MIB;
-    uint64_t inner = sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
+    uint64_t bytes = sim_config()->context_mib * SIM_MIB, inner = self_called_bytes(bytes);
     sim_ctx_sync(c);
     sim_ctx_cls_destroy(c);
     c->active = 0;
@@ -335,17 +339,22 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 
 CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
-CUresult cuCtxGetDevice(CUdevice *device)
-{
-    struct sim_ctx *c;
-    CUresult rc = sim_ctx_current_checked(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    *device = c->dev;
-    return CUDA_SUCCESS;
-}
+/* A property of the current context read back: the context is checked first, then the
+ * output pointer. */
+#define CTX_GETTER(name, type, value)                      \
+    CUresult name(type *out)                               \
+    {                                                      \
+        struct sim_ctx *c;                                 \
+        CUresult rc = sim_ctx_current_checked(&c);         \
+        if (rc != CUDA_SUCCESS)                            \
+            return rc;                                     \
+        if (!out)                                          \
+            return CUDA_ERROR_INVALID_VALUE;               \
+        *out = (value);                                    \
+        return CUDA_SUCCESS;                               \
+    }
+
+CTX_GETTER(cuCtxGetDevice, CUdevice, c->dev)
 
 CUresult cuCtxSynchronize(void)
 {
@@ -371,17 +380,7 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetFlags(unsigned int *flags)
-{
-    struct sim_ctx *c;
-    CUresult rc = sim_ctx_current_checked(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    *flags = c->flags;
-    return CUDA_SUCCESS;
-}
+CTX_GETTER(cuCtxGetFlags, unsigned int, c->flags)
 
 CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
 {
@@ -423,17 +422,7 @@ CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig)
-{
-    struct sim_ctx *c;
-    CUresult rc = sim_ctx_current_checked(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!pconfig)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pconfig = (CUfunc_cache)c->cache_config;
-    return CUDA_SUCCESS;
-}
+CTX_GETTER(cuCtxGetCacheConfig, CUfunc_cache, (CUfunc_cache)c->cache_config)
 
 CUresult cuCtxSetCacheConfig(CUfunc_cache config)
 {

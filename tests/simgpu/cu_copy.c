@@ -31,18 +31,19 @@ static void run_copy(void *arg)
     free(c);
 }
 
-static CUresult enqueue(CUstream stream, void *dst, const void *src, size_t len, int stage)
+/* Queues the copy or fill `op`; stage: the source is host memory, taken now. */
+static CUresult enqueue(CUstream stream, struct copy op, int stage)
 {
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(stream, &s);
-    if (rc != CUDA_SUCCESS || !len)
+    if (rc != CUDA_SUCCESS || !op.len)
         return rc;
-    struct copy *c = malloc(sizeof *c + (stage ? len : 0));
+    struct copy *c = malloc(sizeof *c + (stage ? op.len : 0));
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *c = (struct copy){.dst = dst, .src = src, .len = len};
+    *c = op;
     if (stage) {
-        memcpy(c->staged, src, len);
+        memcpy(c->staged, op.src, op.len);
         c->src = c->staged;
     }
     sim_stream_enqueue_call(s, run_copy, c);
@@ -54,7 +55,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t
     SIM_REQUIRE_INIT();
     if (!device_ok(dstDevice, ByteCount) || (ByteCount && !srcHost))
         return CUDA_ERROR_INVALID_VALUE;
-    return enqueue(hStream, (void *)(uintptr_t)dstDevice, srcHost, ByteCount, 1);
+    return enqueue(hStream, (struct copy){.dst = (void *)(uintptr_t)dstDevice, .src = srcHost, .len = ByteCount}, 1);
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -62,7 +63,8 @@ CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
     SIM_REQUIRE_INIT();
     if (!device_ok(srcDevice, ByteCount) || (ByteCount && !dstHost))
         return CUDA_ERROR_INVALID_VALUE;
-    return enqueue(hStream, dstHost, (const void *)(uintptr_t)srcDevice, ByteCount, 0);
+    return enqueue(hStream, (struct copy){.dst = dstHost, .src = (const void *)(uintptr_t)srcDevice, .len = ByteCount},
+                   0);
 }
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -70,7 +72,8 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size
     SIM_REQUIRE_INIT();
     if (!device_ok(dstDevice, ByteCount) || !device_ok(srcDevice, ByteCount))
         return CUDA_ERROR_INVALID_VALUE;
-    return enqueue(hStream, (void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount, 0);
+    struct copy op = {.dst = (void *)(uintptr_t)dstDevice, .src = (const void *)(uintptr_t)srcDevice, .len = ByteCount};
+    return enqueue(hStream, op, 0);
 }
 
 CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
@@ -78,16 +81,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUst
     SIM_REQUIRE_INIT();
     if (!device_ok(dstDevice, N))
         return CUDA_ERROR_INVALID_VALUE;
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc != CUDA_SUCCESS || !N)
-        return rc;
-    struct copy *c = malloc(sizeof *c);
-    if (!c)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *c = (struct copy){.dst = (void *)(uintptr_t)dstDevice, .len = N, .fill = 1, .value = uc};
-    sim_stream_enqueue_call(s, run_copy, c);
-    return CUDA_SUCCESS;
+    return enqueue(hStream, (struct copy){.dst = (void *)(uintptr_t)dstDevice, .len = N, .fill = 1, .value = uc}, 0);
 }
 
 /* Synchronous, as on the legacy stream: the context's queued work first. */

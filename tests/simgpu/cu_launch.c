@@ -6,7 +6,6 @@
  * configured `kernel_us`. Either way it occupies its stream's device for that long. */
 #include "sim.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,27 +41,12 @@ CUresult cuModuleLoad(CUmodule *module, const char *fname)
     SIM_REQUIRE_INIT();
     if (!module || !fname)
         return CUDA_ERROR_INVALID_VALUE;
-    FILE *f = fopen(fname, "rb");
-    if (!f)
-        return CUDA_ERROR_FILE_NOT_FOUND;
-    char *data = NULL;
-    size_t len = 0, cap = 0, n;
-    do {
-        if (len + 65536 + 1 > cap) {
-            char *grown = realloc(data, cap = (len + 65536 + 1) * 2);
-            if (!grown) {
-                free(data);
-                fclose(f);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            data = grown;
-        }
-        n = fread(data + len, 1, 65536, f);
-        len += n;
-    } while (n > 0);
-    fclose(f);
-    data[len] = '\0';  /* PTX text */
-    CUresult rc = load_module(module, data);
+    char *data;
+    size_t len;
+    CUresult rc = sim_image_read_file(fname, &data, &len);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = load_module(module, data);
     free(data);  /* the module keeps what it read, not the bytes */
     return rc;
 }

@@ -5,7 +5,6 @@
  * wherever a CUfunction is, as on the real driver. */
 #include "sim.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,44 +41,6 @@ struct sim_kernel {
     char *name;
     struct ctx_function *functions;
 };
-
-static uint64_t read_le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-/* How many bytes an image spans: a fatbin says so in its header, an ELF cubin ends
- * with its last section or header table, and PTX is NUL-terminated text. */
-static size_t image_size(const void *image)
-{
-    const unsigned char *p = image;
-    if (read_le(p, 4) == 0xBA55ED50u)                      /* fatbin: magic, version, header size, body size */
-        return read_le(p + 6, 2) + read_le(p + 8, 8);
-    if (!memcmp(p, "\x7f" "ELF", 4) && p[4] == 2) {        /* 64-bit ELF */
-        uint64_t phoff = read_le(p + 0x20, 8), shoff = read_le(p + 0x28, 8);
-        uint64_t phentsize = read_le(p + 0x36, 2), phnum = read_le(p + 0x38, 2);
-        uint64_t shentsize = read_le(p + 0x3a, 2), shnum = read_le(p + 0x3c, 2);
-        uint64_t end = 0x40;
-        if (phoff + phnum * phentsize > end)
-            end = phoff + phnum * phentsize;
-        if (shoff + shnum * shentsize > end)
-            end = shoff + shnum * shentsize;
-        for (uint64_t i = 0; i < shnum; i++) {
-            const unsigned char *sh = p + shoff + i * shentsize;
-            uint64_t type = read_le(sh + 4, 4), off = read_le(sh + 0x18, 8), size = read_le(sh + 0x20, 8);
-            if (type != 8 /* SHT_NOBITS */ && off + size > end)
-                end = off + size;
-        }
-        return end;
-    }
-    return strlen(image) + 1;
-}
-
-/* A fatbin wrapper (what host code embeds) points at the fatbin itself. */
-struct fatbin_wrapper { uint32_t magic, version; const void *data; const void *filename; };
 
 static CUresult library_new(CUlibrary *library, const void *code, size_t size)
 {
@@ -141,10 +102,8 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *j
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_image_free(&img);
-    const struct fatbin_wrapper *w = code;
-    if (w->magic == 0x466243b1u && w->data)
-        code = w->data;
-    rc = library_new(library, code, image_size(code));
+    code = sim_image_unwrap(code);
+    rc = library_new(library, code, sim_image_size(code));
     if (rc != CUDA_SUCCESS || !sim_ctx_current())
         return rc;
     /* with a context current, a bad image is refused at once */
@@ -166,28 +125,13 @@ CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_o
     SIM_REQUIRE_INIT();
     if (!library || !fileName)
         return CUDA_ERROR_INVALID_VALUE;
-    FILE *f = fopen(fileName, "rb");
-    if (!f)
-        return CUDA_ERROR_FILE_NOT_FOUND;
-    char *data = NULL;
-    size_t len = 0, cap = 0, n;
-    do {
-        if (len + 65536 + 1 > cap) {
-            char *grown = realloc(data, cap = 2 * cap + 65536 + 1);
-            if (!grown) {
-                free(data);
-                fclose(f);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            data = grown;
-        }
-        n = fread(data + len, 1, 65536, f);
-        len += n;
-    } while (n > 0);
-    fclose(f);
-    data[len] = 0;                       /* PTX files need not end in a NUL */
-    CUresult rc = cuLibraryLoadData(library, data, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
-                                    libraryOptionValues, numLibraryOptions);
+    char *data;
+    size_t len;
+    CUresult rc = sim_image_read_file(fileName, &data, &len);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = cuLibraryLoadData(library, data, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                           libraryOptionValues, numLibraryOptions);
     free(data);
     return rc;
 }
@@ -398,91 +342,27 @@ CUresult cuKernelGetName(const char **name, CUkernel hfunc)
 
 /* A kernel's attributes are kept as a function's are (cu_function.c); the simulator
  * gives every kernel the same static attributes on every device. */
-CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)
+static CUresult kernel_on_device(CUkernel kernel, CUdevice dev)
 {
     SIM_REQUIRE_INIT();
     if (!sim_handle_get((uintptr_t)kernel, SIM_KIND_KERNEL))
         return CUDA_ERROR_INVALID_HANDLE;
-    if (dev < 0 || dev >= sim_config()->visible)
-        return CUDA_ERROR_INVALID_DEVICE;
-    return sim_func_attr_get((uintptr_t)kernel, attrib, pi);
+    return dev < 0 || dev >= sim_config()->visible ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)
+{
+    CUresult rc = kernel_on_device(kernel, dev);
+    return rc != CUDA_SUCCESS ? rc : sim_func_attr_get((uintptr_t)kernel, attrib, pi);
 }
 
 CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev)
 {
-    SIM_REQUIRE_INIT();
-    if (!sim_handle_get((uintptr_t)kernel, SIM_KIND_KERNEL))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (dev < 0 || dev >= sim_config()->visible)
-        return CUDA_ERROR_INVALID_DEVICE;
-    return sim_func_attr_set((uintptr_t)kernel, attrib, val);
+    CUresult rc = kernel_on_device(kernel, dev);
+    return rc != CUDA_SUCCESS ? rc : sim_func_attr_set((uintptr_t)kernel, attrib, val);
 }
 
 /* ---- global variables: found in the library's image, given device memory per context ---- */
-
-/* An ELF cubin's object symbol: its size and, when it has initial data, where that is. */
-static int elf_global(const unsigned char *p, size_t len, const char *name, size_t *bytes, const void **init)
-{
-    uint64_t shoff = read_le(p + 0x28, 8), shentsize = read_le(p + 0x3a, 2), shnum = read_le(p + 0x3c, 2);
-    if (shoff + shnum * shentsize > len)
-        return 0;
-    for (uint64_t i = 0; i < shnum; i++) {
-        const unsigned char *sh = p + shoff + i * shentsize;
-        if (read_le(sh + 4, 4) != 2)     /* SHT_SYMTAB */
-            continue;
-        uint64_t off = read_le(sh + 0x18, 8), size = read_le(sh + 0x20, 8), link = read_le(sh + 0x28, 4);
-        if (link >= shnum || off + size > len)
-            return 0;
-        const unsigned char *strtab = p + shoff + link * shentsize;
-        uint64_t str_off = read_le(strtab + 0x18, 8), str_size = read_le(strtab + 0x20, 8);
-        if (str_off + str_size > len)
-            return 0;
-        for (uint64_t at = off; at + 24 <= off + size; at += 24) {
-            const unsigned char *sym = p + at;
-            uint64_t sname = read_le(sym, 4), shndx = read_le(sym + 6, 2);
-            if ((sym[4] & 0xf) != 1 /* STT_OBJECT */ || sname >= str_size ||
-                strncmp((const char *)p + str_off + sname, name, str_size - sname) || !shndx || shndx >= shnum)
-                continue;
-            const unsigned char *sec = p + shoff + shndx * shentsize;
-            uint64_t value = read_le(sym + 8, 8), sec_off = read_le(sec + 0x18, 8);
-            *bytes = read_le(sym + 16, 8);
-            *init = read_le(sec + 4, 4) == 1 && sec_off + value + *bytes <= len ? p + sec_off + value : NULL;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* A PTX `.global` variable: `.global [.align N] .TYPE name[COUNT]...;` (zero-initialised here). */
-static int ptx_global(const char *ptx, const char *name, size_t *size)
-{
-    size_t name_len = strlen(name);
-    for (const char *line = ptx; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        const char *end = strchr(line, '\n');
-        size_t n = end ? (size_t)(end - line) : strlen(line);
-        char buf[512];
-        if (n >= sizeof buf)
-            continue;
-        memcpy(buf, line, n);
-        buf[n] = 0;
-        if (!strstr(buf, ".global"))
-            continue;
-        const char *type = strstr(buf, " .b");
-        for (const char *t = buf; !type && (t = strstr(t, " .")); t++)
-            if (strchr("usf", t[2]) && t[3] >= '0' && t[3] <= '9')
-                type = t;
-        const char *at = strstr(buf, name);
-        if (!type || !at || (at[name_len] != '[' && at[name_len] != ';' && at[name_len] != ' ' &&
-                             at[name_len] != '=') || at[-1] != ' ')
-            continue;
-        size_t elem = (size_t)strtoul(type + 3, NULL, 10) / 8, count = 1;
-        if (at[name_len] == '[')
-            count = (size_t)strtoul(at + name_len + 1, NULL, 10);
-        *size = (elem ? elem : 1) * count;
-        return 1;
-    }
-    return 0;
-}
 
 CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)
 {
@@ -503,10 +383,7 @@ CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library,
     if (!g) {
         size_t size = 0;
         const void *init = NULL;
-        const unsigned char *p = lib->image;
-        int found = !memcmp(p, "\x7f" "ELF", 4) ? elf_global(p, lib->size, name, &size, &init)
-                    : read_le(p, 4) == 0xBA55ED50u ? 0   /* globals of a fatbin's cubins: not looked into */
-                    : ptx_global(lib->image, name, &size);
+        int found = sim_image_global(lib->image, lib->size, name, &size, &init);
         rc = !found ? CUDA_ERROR_NOT_FOUND : !(g = calloc(1, sizeof *g)) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
         if (rc == CUDA_SUCCESS && !(g->name = strdup(name)))
             rc = CUDA_ERROR_OUT_OF_MEMORY;

@@ -4,7 +4,6 @@
  * state until cuLinkDestroy. Logs are left empty and say so. */
 #include "sim.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,27 +128,12 @@ CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *pa
         return CUDA_ERROR_INVALID_HANDLE;
     if (!path || read_options(NULL, numOptions, options, optionValues) != CUDA_SUCCESS)
         return CUDA_ERROR_INVALID_VALUE;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return CUDA_ERROR_FILE_NOT_FOUND;
-    char *data = NULL;
-    size_t len = 0, cap = 0, n;
-    do {
-        if (len + 65536 + 1 > cap) {
-            char *grown = realloc(data, cap = 2 * cap + 65536 + 1);
-            if (!grown) {
-                free(data);
-                fclose(f);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            data = grown;
-        }
-        n = fread(data + len, 1, 65536, f);
-        len += n;
-    } while (n > 0);
-    fclose(f);
-    data[len] = 0;
-    CUresult rc = add(l, type, data, len);
+    char *data;
+    size_t len;
+    CUresult rc = sim_image_read_file(path, &data, &len);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = add(l, type, data, len);
     free(data);
     return rc;
 }

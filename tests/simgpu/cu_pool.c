@@ -174,18 +174,24 @@ CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s)
     return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+/* A device's pool as pool_of(dev) finds it, for the cuDeviceGet*MemPool calls. */
+static CUresult device_pool(CUmemoryPool *out, CUdevice dev, struct sim_pool *(*pool_of)(int))
 {
     SIM_REQUIRE_INIT();
-    if (!pool_out)
+    if (!out)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= sim_config()->visible)
         return CUDA_ERROR_INVALID_DEVICE;
-    struct sim_pool *p = default_pool_of(dev);
+    struct sim_pool *p = pool_of(dev);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *pool_out = (CUmemoryPool)p;
+    *out = (CUmemoryPool)p;
     return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    return device_pool(pool_out, dev, default_pool_of);
 }
 
 /* The pool cuMemAllocAsync takes from: the one set for the device, else its default. */
@@ -199,16 +205,7 @@ static struct sim_pool *current_pool_of(int dev)
 
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    SIM_REQUIRE_INIT();
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= sim_config()->visible)
-        return CUDA_ERROR_INVALID_DEVICE;
-    struct sim_pool *p = current_pool_of(dev);
-    if (!p)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *pool = (CUmemoryPool)p;
-    return CUDA_SUCCESS;
+    return device_pool(pool, dev, current_pool_of);
 }
 
 CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)

@@ -295,6 +295,26 @@ static void event_reached(void *arg)
     free(r);
 }
 
+/* Queues fn on the stream with a reference to the event and a record generation: a new
+ * one (record) or the latest one issued (wait). */
+static CUresult enqueue_event_op(CUstream hStream, struct sim_event *ev, int record, void (*fn)(void *))
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct record_op *r = malloc(sizeof *r);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&events_lock);
+    r->ev = ev;
+    r->gen = record ? ++ev->recorded : ev->recorded;
+    ev->refs++;
+    pthread_mutex_unlock(&events_lock);
+    sim_stream_enqueue_call(s, fn, r);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
     struct sim_ctx *ctx;
@@ -319,20 +339,7 @@ CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct record_op *r = malloc(sizeof *r);
-    if (!r)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&events_lock);
-    r->ev = ev;
-    r->gen = ++ev->recorded;
-    ev->refs++;
-    pthread_mutex_unlock(&events_lock);
-    sim_stream_enqueue_call(s, event_reached, r);
-    return CUDA_SUCCESS;
+    return enqueue_event_op(hStream, ev, 1, event_reached);
 }
 
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return cuEventRecord(hEvent, hStream); }
@@ -413,49 +420,23 @@ CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int 
     return rc;
 }
 
-CUresult cuStreamGetPriority(CUstream hStream, int *priority)
-{
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc == CUDA_SUCCESS && !priority)
-        rc = CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS)
-        *priority = s->priority;
-    return rc;
-}
+/* A stream property read back: the stream is checked first, then the output pointer. */
+#define STREAM_GETTER(name, type, value)                       \
+    CUresult name(CUstream hStream, type *out)                 \
+    {                                                          \
+        struct sim_stream *s;                                  \
+        CUresult rc = sim_stream_resolve(hStream, &s);         \
+        if (rc == CUDA_SUCCESS && !out)                        \
+            rc = CUDA_ERROR_INVALID_VALUE;                     \
+        if (rc == CUDA_SUCCESS)                                \
+            *out = (value);                                    \
+        return rc;                                             \
+    }
 
-CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
-{
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc == CUDA_SUCCESS && !flags)
-        rc = CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS)
-        *flags = s->flags;
-    return rc;
-}
-
-CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
-{
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc == CUDA_SUCCESS && !pctx)
-        rc = CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS)
-        *pctx = (CUcontext)s->ctx;
-    return rc;
-}
-
-CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
-{
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc == CUDA_SUCCESS && !streamId)
-        rc = CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS)
-        *streamId = s->id;
-    return rc;
-}
+STREAM_GETTER(cuStreamGetPriority, int, s->priority)
+STREAM_GETTER(cuStreamGetFlags, unsigned int, s->flags)
+STREAM_GETTER(cuStreamGetCtx, CUcontext, (CUcontext)s->ctx)
+STREAM_GETTER(cuStreamGetId, unsigned long long, s->id)
 
 /* The stream waits for the event's latest record issued before this call. */
 static void wait_record(void *arg)
@@ -477,20 +458,7 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
         return CUDA_ERROR_INVALID_HANDLE;
     if (Flags & ~1u)  /* CU_EVENT_WAIT_EXTERNAL */
         return CUDA_ERROR_INVALID_VALUE;
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct record_op *r = malloc(sizeof *r);
-    if (!r)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&events_lock);
-    r->ev = ev;
-    r->gen = ev->recorded;
-    ev->refs++;
-    pthread_mutex_unlock(&events_lock);
-    sim_stream_enqueue_call(s, wait_record, r);
-    return CUDA_SUCCESS;
+    return enqueue_event_op(hStream, ev, 0, wait_record);
 }
 
 CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
@@ -541,16 +509,7 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 }
 
 /* Stream capture (graphs from streams) is not simulated: no stream is ever capturing. */
-CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
-{
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc == CUDA_SUCCESS && !captureStatus)
-        rc = CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS)
-        *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
-    return rc;
-}
+STREAM_GETTER(cuStreamIsCapturing, CUstreamCaptureStatus, CU_STREAM_CAPTURE_STATUS_NONE)
 
 static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 

@@ -138,6 +138,17 @@ CUresult sim_image_parse(const void *image, struct sim_image *img);
 /* The kernel's name as the image holds it, or NULL. */
 const char *sim_image_kernel(const struct sim_image *img, const char *name);
 void sim_image_free(struct sim_image *img);
+/* The fat binary a wrapper (what host code embeds) points at; any other image as it is. */
+const void *sim_image_unwrap(const void *image);
+/* How many bytes an image spans: a fat binary says so in its header, an ELF cubin ends with
+ * its last section or header table, PTX and test images are NUL-terminated text. */
+size_t sim_image_size(const void *image);
+/* A global variable of a cubin or PTX text of `len` bytes (a fat binary's are not looked
+ * into): 1 with its size and, for a cubin's initialised data, where that is (else NULL). */
+int sim_image_global(const void *image, size_t len, const char *name, size_t *bytes, const void **init);
+/* A file's bytes, read whole and NUL-terminated (free them); CUDA_ERROR_FILE_NOT_FOUND when
+ * it cannot be opened. */
+CUresult sim_image_read_file(const char *path, char **data, size_t *len);
 /* Whether `name` is one of the simulator's test kernels (first parameter: duration in µs). */
 int sim_image_test_kernel(const char *name);
 

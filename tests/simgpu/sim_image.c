@@ -19,6 +19,7 @@
 
 #include <ctype.h>
 #include <elf.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,12 +136,20 @@ static int parse_fatbin(const struct fatbin_header *fh, struct sim_image *img)
     return 0;
 }
 
-CUresult sim_image_parse(const void *image, struct sim_image *img)
+static uint32_t image_magic(const void *image)
 {
-    *img = (struct sim_image){0};
     uint32_t magic = 0;  /* the binary magics have no zero byte: a shorter text is never one */
     if (strnlen(image, sizeof magic) == sizeof magic)
         memcpy(&magic, image, sizeof magic);
+    return magic;
+}
+
+static int is_elf(const void *image) { return image_magic(image) && !memcmp(image, ELFMAG, SELFMAG); }
+
+CUresult sim_image_parse(const void *image, struct sim_image *img)
+{
+    *img = (struct sim_image){0};
+    uint32_t magic = image_magic(image);
     int rc = 0;
     if (magic == WRAPPER_MAGIC) {
         const struct fatbin_wrapper *w = image;
@@ -151,7 +160,7 @@ CUresult sim_image_parse(const void *image, struct sim_image *img)
     } else if (magic == FATBIN_MAGIC) {
         img->kind = SIM_IMAGE_FATBIN;
         rc = parse_fatbin(image, img);
-    } else if (magic && !memcmp(image, ELFMAG, SELFMAG)) {
+    } else if (is_elf(image)) {
         img->kind = SIM_IMAGE_ELF;
         rc = parse_elf(image, SIZE_MAX, img);
     } else if (looks_like_ptx(image, strlen(image))) {
@@ -191,4 +200,142 @@ void sim_image_free(struct sim_image *img)
         free(img->names[i]);
     free(img->names);
     *img = (struct sim_image){0};
+}
+
+const void *sim_image_unwrap(const void *image)
+{
+    const struct fatbin_wrapper *w = image;
+    return w->magic == WRAPPER_MAGIC && w->data ? w->data : image;
+}
+
+/* The section header `i` of an ELF image (entries are e_shentsize apart). */
+static const Elf64_Shdr *elf_section(const unsigned char *elf, uint64_t i)
+{
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)elf;
+    return (const Elf64_Shdr *)(elf + eh->e_shoff + i * eh->e_shentsize);
+}
+
+size_t sim_image_size(const void *image)
+{
+    const unsigned char *p = image;
+    if (image_magic(image) == FATBIN_MAGIC) {
+        const struct fatbin_header *fh = image;
+        return fh->header_size + fh->size;
+    }
+    if (is_elf(image) && p[EI_CLASS] == ELFCLASS64) {
+        const Elf64_Ehdr *eh = image;
+        uint64_t end = sizeof *eh;
+        if (eh->e_phoff + (uint64_t)eh->e_phnum * eh->e_phentsize > end)
+            end = eh->e_phoff + (uint64_t)eh->e_phnum * eh->e_phentsize;
+        if (eh->e_shoff + (uint64_t)eh->e_shnum * eh->e_shentsize > end)
+            end = eh->e_shoff + (uint64_t)eh->e_shnum * eh->e_shentsize;
+        for (uint64_t i = 0; i < eh->e_shnum; i++) {
+            const Elf64_Shdr *sh = elf_section(p, i);
+            if (sh->sh_type != SHT_NOBITS && sh->sh_offset + sh->sh_size > end)
+                end = sh->sh_offset + sh->sh_size;
+        }
+        return end;
+    }
+    return strlen(image) + 1;
+}
+
+/* A cubin's object symbol `name`: its size and, when its section holds data, where that is. */
+static int elf_global(const unsigned char *p, size_t len, const char *name, size_t *bytes, const void **init)
+{
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)p;
+    if (eh->e_shoff + (uint64_t)eh->e_shnum * eh->e_shentsize > len)
+        return 0;
+    for (uint64_t i = 0; i < eh->e_shnum; i++) {
+        const Elf64_Shdr *sh = elf_section(p, i);
+        if (sh->sh_type != SHT_SYMTAB)
+            continue;
+        if (sh->sh_link >= eh->e_shnum || sh->sh_offset + sh->sh_size > len)
+            return 0;
+        const Elf64_Shdr *strtab = elf_section(p, sh->sh_link);
+        if (strtab->sh_offset + strtab->sh_size > len)
+            return 0;
+        const char *names = (const char *)p + strtab->sh_offset;
+        for (uint64_t at = sh->sh_offset; at + sizeof(Elf64_Sym) <= sh->sh_offset + sh->sh_size;
+             at += sizeof(Elf64_Sym)) {
+            const Elf64_Sym *sym = (const Elf64_Sym *)(p + at);
+            if (ELF64_ST_TYPE(sym->st_info) != STT_OBJECT || sym->st_name >= strtab->sh_size ||
+                strncmp(names + sym->st_name, name, strtab->sh_size - sym->st_name) || !sym->st_shndx ||
+                sym->st_shndx >= eh->e_shnum)
+                continue;
+            const Elf64_Shdr *sec = elf_section(p, sym->st_shndx);
+            *bytes = sym->st_size;
+            *init = sec->sh_type == SHT_PROGBITS && sec->sh_offset + sym->st_value + *bytes <= len
+                        ? p + sec->sh_offset + sym->st_value : NULL;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A PTX `.global` variable: `.global [.align N] .TYPE name[COUNT]...;` (zero-initialised). */
+static int ptx_global(const char *ptx, const char *name, size_t *size)
+{
+    size_t name_len = strlen(name);
+    for (const char *line = ptx; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        char buf[512];
+        if (n >= sizeof buf)
+            continue;
+        memcpy(buf, line, n);
+        buf[n] = 0;
+        if (!strstr(buf, ".global"))
+            continue;
+        const char *type = strstr(buf, " .b");
+        for (const char *t = buf; !type && (t = strstr(t, " .")); t++)
+            if (strchr("usf", t[2]) && t[3] >= '0' && t[3] <= '9')
+                type = t;
+        const char *at = strstr(buf, name);
+        if (!type || !at || (at[name_len] != '[' && at[name_len] != ';' && at[name_len] != ' ' &&
+                             at[name_len] != '=') || at[-1] != ' ')
+            continue;
+        size_t elem = (size_t)strtoul(type + 3, NULL, 10) / 8, count = 1;
+        if (at[name_len] == '[')
+            count = (size_t)strtoul(at + name_len + 1, NULL, 10);
+        *size = (elem ? elem : 1) * count;
+        return 1;
+    }
+    return 0;
+}
+
+int sim_image_global(const void *image, size_t len, const char *name, size_t *bytes, const void **init)
+{
+    *init = NULL;
+    if (is_elf(image))
+        return elf_global(image, len, name, bytes, init);
+    if (image_magic(image) == FATBIN_MAGIC)
+        return 0;
+    return ptx_global(image, name, bytes);
+}
+
+CUresult sim_image_read_file(const char *path, char **data, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    char *buf = NULL;
+    size_t n_read = 0, cap = 0, n;
+    do {
+        if (n_read + 65536 + 1 > cap) {
+            char *grown = realloc(buf, cap = 2 * cap + 65536 + 1);
+            if (!grown) {
+                free(buf);
+                fclose(f);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            buf = grown;
+        }
+        n = fread(buf + n_read, 1, 65536, f);
+        n_read += n;
+    } while (n > 0);
+    fclose(f);
+    buf[n_read] = 0;                     /* PTX files need not end in a NUL */
+    *data = buf;
+    *len = n_read;
+    return CUDA_SUCCESS;
 }

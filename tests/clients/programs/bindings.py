@@ -8,20 +8,11 @@ import json
 import cuda.bindings
 from cuda.bindings import driver as cu
 
+import spin_kernel
+
 MIB = 1 << 20
 CHUNK_MIB = 128
-
-# the simulator reads a kernel's first parameter as its duration in microseconds
-PTX = b"""
-.version 8.0
-.target sm_90
-.address_size 64
-
-.visible .entry spin(.param .u64 spin_param_0)
-{
-    ret;
-}
-\0"""
+PTX = spin_kernel.PTX + b"\0"  # cuModuleLoadData reads PTX up to its NUL
 
 
 def check(result):

@@ -6,20 +6,10 @@ import json
 from cuda.core import Device, EventOptions, LaunchConfig, ObjectCode, launch
 from cuda.core._utils.cuda_utils import CUDAError
 
+from spin_kernel import PTX
+
 MIB = 1 << 20
 CHUNK_MIB = 128
-
-# the simulator reads a kernel's first parameter as its duration in microseconds
-PTX = b"""
-.version 8.0
-.target sm_90
-.address_size 64
-
-.visible .entry spin(.param .u64 spin_param_0)
-{
-    ret;
-}
-"""
 
 dev = Device(0)
 dev.set_current()

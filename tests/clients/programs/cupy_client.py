@@ -8,8 +8,6 @@
              what is left and reports how much it got
 """
 import ctypes
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,21 +17,17 @@ import nvidia.cuda_nvrtc
 ctypes.CDLL(str(Path(list(nvidia.cuda_nvrtc.__path__)[0]) / "lib" / "libnvrtc.so.12"), mode=ctypes.RTLD_GLOBAL)
 
 import cupy  # noqa: E402
+import scenarios  # noqa: E402
+from scenarios import CHUNK_MIB, MIB  # noqa: E402
 
-MIB = 1 << 20
-CHUNK_MIB = 64
+
+def array(size: int):
+    return cupy.empty(size, dtype=cupy.uint8)
 
 
 def fill() -> tuple[list, dict]:
     """Arrays of CHUNK_MIB until CuPy refuses; the arrays and how it refused."""
-    arrays = []
-    while True:
-        try:
-            arrays.append(cupy.empty(CHUNK_MIB * MIB, dtype=cupy.uint8))
-        except cupy.cuda.memory.OutOfMemoryError as e:
-            return arrays, {"error": type(e).__name__}
-        if len(arrays) * CHUNK_MIB > 64 * 1024:
-            return arrays, {"error": None}
+    return scenarios.fill(array, cupy.cuda.memory.OutOfMemoryError, lambda e: {"error": type(e).__name__})
 
 
 def free_mib() -> int:
@@ -73,16 +67,4 @@ def basic() -> dict:
     return out
 
 
-def hold(mib: int) -> dict:
-    held = cupy.empty(mib * MIB, dtype=cupy.uint8) if mib else None
-    print(json.dumps({"holding_mib": mib}), flush=True)
-    sys.stdin.readline()
-    arrays, refusal = fill()
-    out = {"held_mib": mib, "filled_mib": len(arrays) * CHUNK_MIB, "refusal": refusal}
-    del arrays, held
-    return out
-
-
-scenario, *args = sys.argv[1:]
-result = {"basic": basic, "hold": hold}[scenario](*map(int, args))
-print(json.dumps(result))
+scenarios.run({"basic": basic, "hold": lambda mib: scenarios.hold(mib, array, fill)})

@@ -12,7 +12,6 @@ driver's cuLink* calls, as for a user without the nvJitLink wheel.
 """
 import contextlib
 import io
-import json
 import sys
 import time
 import warnings
@@ -35,8 +34,8 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 from numba.cuda.cudadrv.driver import CudaAPIError  # noqa: E402
 
-MIB = 1 << 20
-CHUNK_MIB = 64
+import scenarios  # noqa: E402
+from scenarios import CHUNK_MIB, MIB  # noqa: E402
 
 
 @cuda.jit
@@ -51,16 +50,13 @@ def checked(x):
     x[0] = 1       # a debug kernel: numba reads its error flag, a global of the module, after launch
 
 
+def device_array(size: int):
+    return cuda.device_array(size, dtype=np.uint8)
+
+
 def fill() -> tuple[list, dict]:
     """Device arrays of CHUNK_MIB until numba refuses; the arrays and how it refused."""
-    arrays = []
-    while True:
-        try:
-            arrays.append(cuda.device_array(CHUNK_MIB * MIB, dtype=np.uint8))
-        except CudaAPIError as e:
-            return arrays, {"error": type(e).__name__, "code": int(e.code)}
-        if len(arrays) * CHUNK_MIB > 64 * 1024:
-            return arrays, {"error": None}
+    return scenarios.fill(device_array, CudaAPIError, lambda e: {"error": type(e).__name__, "code": int(e.code)})
 
 
 def memory() -> dict:
@@ -100,16 +96,5 @@ def launches(n: int) -> dict:
     return {"launches": n, "seconds": time.monotonic() - start}
 
 
-def hold(mib: int) -> dict:
-    held = cuda.device_array(mib * MIB, dtype=np.uint8)
-    print(json.dumps({"holding_mib": mib}), flush=True)
-    sys.stdin.readline()
-    arrays, refusal = fill()
-    out = {"held_mib": mib, "filled_mib": len(arrays) * CHUNK_MIB, "refusal": refusal}
-    del held, arrays
-    return out
-
-
-scenario, *args = sys.argv[1:]
-result = {"basic": basic, "launches": launches, "hold": hold}[scenario](*map(int, args))
-print(json.dumps(result))
+scenarios.run({"basic": basic, "launches": launches,
+               "hold": lambda mib: scenarios.hold(mib, device_array, fill)})
