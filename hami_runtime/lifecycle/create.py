@@ -13,10 +13,11 @@ import stat
 import sys
 from typing import TYPE_CHECKING, Dict, List
 
-from . import log, spec as spec_io
-from .config import Config
-from .errors import HamiError
-from .ids import check_container_id
+from .. import log
+from ..config import Config
+from ..errors import HamiError
+from ..ids import check_container_id
+from . import spec as spec_io
 from .request_keys import mentions_request
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def identity(annotations: Dict[str, str]) -> Dict[str, str]:
 
 
 def device_majors(cfg: Config) -> Dict[str, int]:
-    from . import discovery
+    from ..node import discovery
     majors = discovery.read_majors(cfg.proc_devices)
     # A node that exists under the dev root is the truth for its major.
     for name, node in (("nvidia-frontend", "nvidiactl"), ("nvidia-uvm", "nvidia-uvm")):
@@ -77,7 +78,8 @@ def create_hook_argv(cfg: Config, launcher, runc_root: str) -> List[str]:
 
 
 def hook_argv(cfg: Config, runc_root: str) -> List[str]:
-    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the directory that holds the hami_runtime and hami_hook packages
+    where = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base = list(cfg.hook_command) or [sys.executable, "-S", "-I", "-c", HOOK_CODE.format(where=where)]
     return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root]
 
@@ -123,8 +125,9 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
 
 def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
                        ) -> None:
-    from . import modifiers, region, store
-    from .files import atomic_write
+    from . import modifiers, store
+    from ..node import region
+    from ..files import atomic_write
     region_dir, private = store.make_dirs(cfg.state_dir, name)
     # The region file is 0666 (any container user maps it); the dir stays the host's.
     os.chmod(region_dir, 0o755)
@@ -148,7 +151,8 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     env = (spec.get("process") or {}).get("env") or []
     if mentions_request(annotations, env, cfg.env_requests):
         # Only now the request model, NVML and the allocator are loaded.
-        from . import allocator, discovery_cache, requests
+        from . import allocator, requests
+        from ..node import discovery_cache
         request = requests.parse(annotations, env, cfg.env_requests)
     else:
         request = None
@@ -165,7 +169,7 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     import copy
     import time
     from . import modifiers, store
-    from .files import process_start
+    from ..files import process_start
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
     gpus = discovery_cache.gpus(cfg)

@@ -39,9 +39,9 @@ import stat
 import time
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
-from .errors import HamiError
-from .files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
-from .ids import check_container_id
+from ..errors import HamiError
+from ..files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
+from ..ids import check_container_id
 
 VERSION = 2
 STATE_FILE = "allocations.json"

@@ -5,7 +5,7 @@ from (``libvgpu_src/region.h``), so there is no second copy of it here: only
 ``#define NAME <integer>`` lines of its preprocessor part are kept, the rest of
 the header is handed to ``ffi.cdef`` as it is (cffi ABI mode, no compiler).
 ``make build`` writes the same cdef once as an out-of-line ABI module
-(``hami_runtime/_region_ffi.py``, see ``emit_module``) holding the header
+(``hami_runtime/node/_region_ffi.py``, see ``emit_module``) holding the header
 text it was made from; it is used only when that text is the header found
 now byte for byte, otherwise the header is parsed here as before (pycparser is slow to load).
 
@@ -45,8 +45,8 @@ class RegionError(Exception):
 def _header_candidates() -> List[str]:
     env = os.environ.get("HAMI_REGION_HEADER")
     candidates = [env] if env else []
-    here = os.path.dirname(os.path.realpath(__file__))
-    candidates.append(os.path.join(os.path.dirname(here), "libvgpu_src", "region.h"))
+    tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    candidates.append(os.path.join(tree, "libvgpu_src", "region.h"))
     candidates.append(os.path.join(sys.prefix, "share", "hami", "region.h"))
     candidates.append("/usr/local/share/hami/region.h")
     return candidates
@@ -86,7 +86,7 @@ def cdef_source(header_text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-FFI_MODULE = "hami_runtime._region_ffi"
+FFI_MODULE = "hami_runtime.node._region_ffi"
 
 
 def _prebuilt_ffi(header_text: bytes):
@@ -274,7 +274,7 @@ def write_new(path: str, devices: Sequence[DeviceLimit], core_policy: str = "def
               priority: int = 1) -> None:
     """create() without pathlib (the runtime's create path)."""
     data = image(devices, core_policy, priority)
-    from .files import temp_beside
+    from ..files import temp_beside
     fd, tmp = temp_beside(path, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as out:

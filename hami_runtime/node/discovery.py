@@ -6,8 +6,8 @@ import os
 import re
 from typing import Dict, List, NamedTuple, Tuple
 
-from .allocator import GpuInfo
-from .errors import HamiError
+from ..errors import HamiError
+from .gpu import GpuInfo
 
 # Driver user-space libraries, by soname prefix (the toolkit's libcudart etc. are not the driver's).
 DRIVER_LIB_PREFIXES = ("libcuda.so", "libnvidia-", "libcudadebugger.so", "libnvcuvid.so",

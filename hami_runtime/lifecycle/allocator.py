@@ -4,18 +4,11 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Mapping, NamedTuple
 
-from .errors import HamiError
+from ..errors import HamiError
+from ..node.gpu import GpuInfo
 
 # Named tuples and a plain class, not dataclasses: this is the create path,
 # and dataclasses loads inspect.
-
-
-class GpuInfo(NamedTuple):
-    index: int
-    uuid: str
-    model: str
-    memory_mib: int
-    minor: int
 
 
 class Grant(NamedTuple):

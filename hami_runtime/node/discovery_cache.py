@@ -17,9 +17,9 @@ import os
 import time
 from typing import List, Optional
 
+from ..files import atomic_write, sha256_hex
 from . import discovery
-from .allocator import GpuInfo
-from .files import atomic_write, sha256_hex
+from .gpu import GpuInfo
 
 CACHE_DIR = "cache"
 GPUS_FILE = "gpus.json"

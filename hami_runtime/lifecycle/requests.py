@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from .errors import HamiError
+from ..errors import HamiError
 
 from .request_keys import ENV_KEYS, KEYS, PREFIXES, REQUEST_KEYS
 
