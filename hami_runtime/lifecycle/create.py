@@ -11,7 +11,7 @@ import json
 import os
 import stat
 import sys
-from typing import TYPE_CHECKING, Dict, List
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 
 from .. import log
 from ..config import Config

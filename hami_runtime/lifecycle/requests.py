@@ -4,7 +4,7 @@ that names the key and the value."""
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
 from ..errors import HamiError
 
@@ -16,7 +16,8 @@ _UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
 CORE_POLICIES = ("default", "force", "disable")
 
 
-class AssignedDevice(NamedTuple):
+class AssignedDevice(namedtuple("AssignedDevice", "uuid mem_mib cores")):
+    __slots__ = ()
     uuid: str
     mem_mib: int
     cores: int

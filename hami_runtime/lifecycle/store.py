@@ -37,7 +37,6 @@ import os
 import re
 import stat
 import time
-from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from ..errors import HamiError
 from ..files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex

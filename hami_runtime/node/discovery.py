@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, NamedTuple, Tuple
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
 from ..errors import HamiError
 from .gpu import GpuInfo
@@ -17,7 +17,8 @@ LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig", "/sbin/ldconfig.real")
 _CACHE_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
 
 
-class DriverFile(NamedTuple):
+class DriverFile(namedtuple("DriverFile", "host_path container_path")):
+    __slots__ = ()
     host_path: str       # resolved, under the driver root
     container_path: str  # where the cache lists it (root removed)
 

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import time
-from typing import List, Optional
 
 from ..files import atomic_write, sha256_hex
 from . import discovery

@@ -21,7 +21,8 @@ import os
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -165,26 +166,29 @@ STATES = {
 
 # Named tuples, not dataclasses: the runtime's create path writes a region,
 # and dataclasses loads inspect.
-class DeviceLimit(NamedTuple):
+class DeviceLimit(namedtuple("DeviceLimit", "uuid mem_limit_bytes sm_limit_pct")):
+    __slots__ = ()
     uuid: str
     mem_limit_bytes: int  # 0 = no limit
     sm_limit_pct: int  # 0 or >= 100 = no limit
 
 
-class DeviceUsage(NamedTuple):
+class DeviceUsage(namedtuple("DeviceUsage", "mem_used ctx_used sm_busy_ns launches")):
+    __slots__ = ()
     mem_used: int
     ctx_used: int
     sm_busy_ns: int
     launches: int
 
 
-class ProcessUsage(NamedTuple):
+class ProcessUsage(namedtuple("ProcessUsage", "slot pid host_pid started_ns devices owner", defaults=((), 0,))):
+    __slots__ = ()
     slot: int
     pid: int  # as the container sees it
     host_pid: int  # 0 when not known
     started_ns: int
-    devices: Sequence[DeviceUsage] = ()
-    owner: int = 0  # (pid << 32) | (start time in clock ticks & 0xffffffff)
+    devices: Sequence[DeviceUsage]
+    owner: int  # (pid << 32) | (start time in clock ticks & 0xffffffff)
 
     @property
     def mem_used(self) -> int:
