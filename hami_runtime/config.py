@@ -7,17 +7,16 @@ inspect, a good part of such a create's time).
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
 from . import config_cache
+from .chars import env_name
 from .errors import HamiError
 
 DEFAULT_PATH = "/etc/hami/config.toml"
 DEFAULT_RUNTIMES = ["/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc"]
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ExtraMount(namedtuple("ExtraMount", "source destination readonly", defaults=(False,))):
@@ -124,7 +123,7 @@ def _env(key, value):
     if not isinstance(value, dict):
         raise HamiError(f"config {key}", value, "must be a table of NAME = \"value\"")
     for name, item in value.items():
-        if not ENV_NAME.fullmatch(name) or not isinstance(item, str):
+        if not env_name(name) or not isinstance(item, str):
             raise HamiError(f"config {key}.{name}", item, "must be NAME = \"string\"")
     return dict(value)
 

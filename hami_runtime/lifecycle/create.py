@@ -7,13 +7,12 @@ GPU request are imported where they are used.
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 
-from .. import log
+from .. import fastjson as json, log
 from ..config import Config
 from ..errors import HamiError
 from ..ids import check_container_id

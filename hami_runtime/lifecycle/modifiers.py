@@ -6,8 +6,9 @@ already edited spec converges.
 """
 from __future__ import annotations
 
-import json
 from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+
+from .. import fastjson as json
 
 VGPU_DIR = "/usr/local/vgpu"
 LIBVGPU_PATH = f"{VGPU_DIR}/libvgpu.so"

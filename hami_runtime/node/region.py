@@ -18,7 +18,6 @@ from __future__ import annotations
 import builtins
 import mmap
 import os
-import re
 import sys
 import time
 from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
@@ -34,7 +33,8 @@ def Path(*parts):  # noqa: N802 - pathlib.Path, loaded on first use (the create 
 
 REGION_FILE_NAME = "vgpu.region"
 
-_INTEGER_DEFINE = re.compile(
+# compiled where the header is parsed: a create with the prebuilt layout loads no re
+_INTEGER_DEFINE = (
     r"^\s*#\s*define\s+[A-Za-z_]\w*\s+(?:0[xX][0-9a-fA-F]+|\d+)[uUlL]*\s*(?:/\*.*\*/\s*|//.*)?$"
 )
 
@@ -79,9 +79,10 @@ def _read(path: str) -> bytes:
 
 def cdef_source(header_text: str) -> str:
     """The header as cffi's cdef takes it: integer #defines kept, other # lines dropped."""
+    import re
     lines = []
     for line in header_text.splitlines():
-        if line.lstrip().startswith("#") and not _INTEGER_DEFINE.match(line):
+        if line.lstrip().startswith("#") and not re.match(_INTEGER_DEFINE, line):
             continue
         lines.append(line)
     return "\n".join(lines) + "\n"
