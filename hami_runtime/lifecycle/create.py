@@ -165,7 +165,6 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
         else:
             log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
         return False
-    import copy
     import time
     from . import modifiers, store
     from ..files import process_start
@@ -199,7 +198,8 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     # is freed by the release below or by the next transaction.
     try:
         _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
-        edited = modifiers.apply(copy.deepcopy(spec), build_injection(
+        # a deep copy of the spec (plain JSON values) without loading copy
+        edited = modifiers.apply(json.loads(json.dumps(spec)), build_injection(
             cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher))
         spec_io.write(bundle, edited)
     except BaseException:
