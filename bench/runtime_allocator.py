@@ -26,9 +26,10 @@ MEM_MIB = 1500
 
 def one(config, root, bundle, cid, start, results, hold):
     os.environ["HAMI_CONFIG"] = config
-    from hami_runtime import argv, config as config_mod, create
+    from hami_runtime import argv, config as config_mod
+    from hami_runtime.lifecycle import create
     from hami_runtime.errors import HamiError
-    import hami_runtime.requests, hami_runtime.discovery, hami_runtime.region  # noqa: F401 (load first)
+    import hami_runtime.lifecycle.requests, hami_runtime.node.discovery, hami_runtime.node.region  # noqa: F401 (load first)
     inv = argv.parse(["--root", root, "create", "--bundle", bundle, cid])
     cfg = config_mod.load()
     start.wait()
@@ -53,7 +54,7 @@ def main() -> int:
         config = private_config(work)
         os.environ["HAMI_SIM_STATE"] = str(work / "sim.state")
         from hami_runtime import config as config_mod
-        from hami_runtime.discovery import load_gpus
+        from hami_runtime.node.discovery import load_gpus
         gpu = None
         ctx = multiprocessing.get_context("fork")
         results, start, hold = ctx.Queue(), ctx.Event(), ctx.Event()

@@ -41,7 +41,7 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-    from hami_runtime import store
+    from hami_runtime.lifecycle import store
     from hami_runtime.errors import HamiError
     from hami_runtime.ids import check_container_id
 

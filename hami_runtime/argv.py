@@ -6,7 +6,6 @@ Go's flag package (which runc's CLI library uses) takes `-flag`, `--flag`,
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
 
 from .errors import HamiError
 

@@ -26,10 +26,10 @@ def main(argv=None) -> int:
         cfg = config.load()
         runtime = config.real_runtime(cfg)
         if inv.command in ("create", "run"):
-            from .create import prepare
+            from .lifecycle.create import prepare
             prepare(cfg, inv, launcher)
         elif inv.command == "delete":
-            from .delete import delete
+            from .lifecycle.delete import delete
             return delete(cfg, inv, runtime)
         os.execv(runtime, [runtime] + argv)
     except HamiError as exc:

@@ -7,32 +7,29 @@ inspect, a good part of such a create's time).
 from __future__ import annotations
 
 import os
-import re
 import sys
-from typing import Dict, List, NamedTuple
+import time
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
+from . import config_cache
+from .chars import env_name
 from .errors import HamiError
 
 DEFAULT_PATH = "/etc/hami/config.toml"
 DEFAULT_RUNTIMES = ["/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc"]
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class ExtraMount(NamedTuple):
+class ExtraMount(namedtuple("ExtraMount", "source destination readonly", defaults=(False,))):
+    __slots__ = ()
     source: str
     destination: str
-    readonly: bool = False
+    readonly: bool
 
 
 # name -> a fresh default (lists and dicts are never shared between configs)
 DEFAULTS = {
     "runtime": lambda: list(DEFAULT_RUNTIMES),
-    "state_dir": lambda: "/run/hami",
+    "state_dir": lambda: config_cache.DEFAULT_STATE_DIR,
     "libvgpu": lambda: "/usr/local/lib/hami/libvgpu.so",
     "split_count": lambda: 10,
     "memory_scaling": lambda: 1.0,
@@ -126,7 +123,7 @@ def _env(key, value):
     if not isinstance(value, dict):
         raise HamiError(f"config {key}", value, "must be a table of NAME = \"value\"")
     for name, item in value.items():
-        if not ENV_NAME.fullmatch(name) or not isinstance(item, str):
+        if not env_name(name) or not isinstance(item, str):
             raise HamiError(f"config {key}.{name}", item, "must be NAME = \"string\"")
     return dict(value)
 
@@ -196,20 +193,43 @@ def config_path() -> str:
 
 def load(path: str | None = None) -> Config:
     """Read the config; a missing default file means the defaults, a missing
-    HAMI_CONFIG file is an error (the operator named it)."""
+    HAMI_CONFIG file is an error (the operator named it). The parsed document
+    comes from config_cache while the file is the one it was parsed from."""
     path = path or config_path()
     try:
         with open(path, "rb") as handle:
-            raw = tomllib.load(handle)
+            before = os.fstat(handle.fileno())
+            text = handle.read()
+            after = os.fstat(handle.fileno())
     except FileNotFoundError:
         if path == DEFAULT_PATH and "HAMI_CONFIG" not in os.environ:
             return Config(path="")
         raise HamiError("HAMI_CONFIG", path, "config file not found") from None
     except OSError as exc:
         raise HamiError("HAMI_CONFIG", path, f"cannot read config file: {exc.strerror}") from None
+    key = config_cache.file_key(path, before)
+    # unchanged while read, and not written in the last seconds (a rewrite in
+    # the same clock tick would keep every time in the key)
+    steady = key == config_cache.file_key(path, after) and \
+        time.time_ns() - after.st_ctime_ns > config_cache.SETTLED_NS
+    hint = config_cache.state_dir_hint(text) if steady else ""
+    document = config_cache.lookup(hint, key)
+    if document is not None:
+        cfg = from_mapping(document, path)
+        if cfg.state_dir == hint:
+            return cfg
+    if sys.version_info >= (3, 11):
+        import tomllib  # here: with typing, datetime and string, a good part of a create's start
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        raw = tomllib.loads(text.decode())  # as tomllib.load does
     except tomllib.TOMLDecodeError as exc:
         raise HamiError("HAMI_CONFIG", path, f"not valid TOML: {exc}") from None
-    return from_mapping(raw, path)
+    cfg = from_mapping(raw, path)
+    if hint and cfg.state_dir == hint:
+        config_cache.store(hint, key, raw)
+    return cfg
 
 
 def real_runtime(cfg: Config) -> str:

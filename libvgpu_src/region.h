@@ -3,7 +3,7 @@
  * the host (<state_dir>/containers/<id>/vgpu.region) and that every process
  * of the container maps (path in CUDA_DEVICE_MEMORY_SHARED_CACHE).
  *
- * Python reads this same header through cffi (hami_runtime/region.py), so it
+ * Python reads this same header through cffi (hami_runtime/node/region.py), so it
  * keeps to what cffi's cdef parses: fixed-width fields, plain structs, and
  * "#define NAME <integer>" constants. Other preprocessor lines are ignored
  * by that reader.

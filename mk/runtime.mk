@@ -65,7 +65,7 @@ install-launcher: $(LAUNCHER_SRC) hami_runtime/launcher/hook.h
 # region.py's cffi layout, made once from the same region.h as an out-of-line
 # ABI module (no compiler): importing it skips pycparser. region.py uses it only
 # while it holds the exact header text found at run time, else parses the header.
-build: hami_runtime/_region_ffi.py
-hami_runtime/_region_ffi.py: libvgpu_src/region.h hami_runtime/region.py | $(VENV)/.installed
+build: hami_runtime/node/_region_ffi.py
+hami_runtime/node/_region_ffi.py: libvgpu_src/region.h hami_runtime/node/region.py | $(VENV)/.installed
 	env -u HAMI_REGION_HEADER $(PY) -I -c 'import sys; sys.path.insert(0, "."); \
-		from hami_runtime import region; region.emit_module(sys.argv[1], sys.argv[2])' $@ $< >/dev/null
+		from hami_runtime.node import region; region.emit_module(sys.argv[1], sys.argv[2])' $@ $< >/dev/null

@@ -161,7 +161,7 @@ static int valid_id(const char *id)
     return 1;
 }
 
-/* The root key: 16 lowercase hex digits (hami_runtime/store.py root_key). */
+/* The root key: 16 lowercase hex digits (hami_runtime/lifecycle/store.py root_key). */
 static int valid_root_key(const char *key)
 {
     if (strlen(key) != 16)

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from hami_runtime import metrics
+from hami_runtime.tools import metrics
 from tests.engines.conftest import (IMAGE, MiB, PROBE, VENV_BIN, Daemon, filled_to_the_limit, need,
                                     run, wait_for)
 

@@ -9,7 +9,7 @@ MODES = ["link", "dlsym", "proc", "proc_ptsz"]
 
 @pytest.mark.parametrize("mode", MODES)
 def test_every_way_of_launching_is_seen(probe, mode):
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     launcher = probe.start(mode, "launch", 20, 60, CUDA_DEVICE_SM_LIMIT=90)
     try:

@@ -13,7 +13,7 @@ def owner(pid, start):
 
 
 def leave_slot(probe, slot, owner_value, token, used):
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     uuids = probe.run("link", "uuids", preload=False).stdout.split()
     if not probe.region.exists():
@@ -32,7 +32,7 @@ def leave_slot(probe, slot, owner_value, token, used):
 def test_left_behind_usage_is_reclaimed(probe, case):
     import os
 
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     reclaiming = 2**64 - 1
     slots = {
@@ -54,7 +54,7 @@ def test_left_behind_usage_is_reclaimed(probe, case):
 def test_live_process_is_never_reclaimed(probe):
     import os
 
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     # this test process is alive: its slot (with the right start time) must stay charged
     with open(f"/proc/{os.getpid()}/stat") as f:

@@ -100,7 +100,7 @@ def test_random_load_from_many_threads_and_processes_never_exceeds_the_limit(pro
 def region_bytes(magic, version, state):
     import struct
 
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     size = region.ffi.sizeof("struct hami_region")
     return struct.pack("<QII", magic, version, state) + b"\0" * (size - 16)
@@ -125,7 +125,7 @@ def test_unusable_region_file_means_one_error_and_no_limit(probe, content, why):
 
 
 def test_region_made_by_a_bare_process_is_read_by_the_runtime(probe):
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     holder = probe.start("link", "hold", "mem", HOLD, 60, CUDA_DEVICE_MEMORY_LIMIT="1g")
     try:
@@ -141,7 +141,7 @@ def test_region_made_by_a_bare_process_is_read_by_the_runtime(probe):
 
 
 def test_region_from_the_runtime_maps_devices_by_uuid(probe):
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     uuids = probe.run("link", "uuids", preload=False).stdout.split()
     # listed in reverse: region index 0 is CUDA device 1
@@ -164,7 +164,7 @@ def test_process_without_cuda_leaves_no_trace(probe):
 def test_a_stopped_lock_holder_blocks_nobody(probe):
     import fcntl
 
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     uuids = probe.run("link", "uuids", preload=False).stdout.split()
     region.create(probe.region, [region.DeviceLimit(u, 1024 * MIB, 0) for u in uuids])

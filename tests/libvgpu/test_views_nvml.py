@@ -51,7 +51,7 @@ def test_pynvml_unchanged_without_limit(probe):
 
 
 def test_running_processes_are_the_containers_own(probe):
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     uuids = probe.run("link", "uuids", preload=False).stdout.split()
     region.create(probe.region, [region.DeviceLimit(u, LIMIT, 0) for u in uuids])
@@ -84,7 +84,7 @@ def test_usage_above_the_limit_never_underflows(probe):
     """A container over its limit (e.g. the runtime lowered it) shows a full card."""
     import os
 
-    from hami_runtime import region
+    from hami_runtime.node import region
 
     uuids = probe.run("link", "uuids", preload=False).stdout.split()
     region.create(probe.region, [region.DeviceLimit(u, LIMIT, 0) for u in uuids])

@@ -2,7 +2,7 @@
 import mmap
 from contextlib import contextmanager
 
-from hami_runtime import region
+from hami_runtime.node import region
 
 
 @contextmanager

@@ -1,12 +1,12 @@
-"""hami_runtime.region: the Python side of the shared region, on plain files."""
+"""hami_runtime.node.region: the Python side of the shared region, on plain files."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from hami_runtime import region
-from hami_runtime.region import DeviceLimit, RegionError
+from hami_runtime.node import region
+from hami_runtime.node.region import DeviceLimit, RegionError
 from tests.conftest import ROOT
 from tests.region.fakes import fake_process, patch_field
 
@@ -126,7 +126,7 @@ def test_cdef_keeps_only_integer_defines():
 
 def test_header_override_must_exist(tmp_path):
     env = dict(os.environ, HAMI_REGION_HEADER=str(tmp_path / "none.h"))
-    result = subprocess.run([sys.executable, "-c", "import hami_runtime.region"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-c", "import hami_runtime.node.region"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert f"HAMI_REGION_HEADER: no such file: {tmp_path / 'none.h'}" in result.stderr

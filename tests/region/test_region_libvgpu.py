@@ -4,8 +4,9 @@ import subprocess
 
 import pytest
 
-from hami_runtime import region, top
-from hami_runtime.region import DeviceLimit
+from hami_runtime.node import region
+from hami_runtime.tools import top
+from hami_runtime.node.region import DeviceLimit
 from tests.conftest import LIBVGPU, ROOT, SIM_LIB
 
 MiB = 1024 * 1024

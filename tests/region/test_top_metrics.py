@@ -11,8 +11,9 @@ import urllib.request
 import pytest
 from click.testing import CliRunner
 
-from hami_runtime import metrics, region, top
-from hami_runtime.region import DeviceLimit
+from hami_runtime.tools import metrics, top
+from hami_runtime.node import region
+from hami_runtime.node.region import DeviceLimit
 from tests.conftest import ROOT
 from tests.region.fakes import add_busy, fake_process
 
@@ -189,7 +190,7 @@ def test_bad_listen_names_the_flag(state_dir, listen):
 
 
 def test_metrics_command_serves_until_sigterm(state_dir):
-    code = "from hami_runtime.metrics import metrics_command; metrics_command()"
+    code = "from hami_runtime.tools.metrics import metrics_command; metrics_command()"
     proc = subprocess.Popen([sys.executable, "-c", code, "--state-dir", str(state_dir),
                              "--listen", "127.0.0.1:0"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
@@ -208,7 +209,7 @@ def test_metrics_command_serves_until_sigterm(state_dir):
 
 
 def test_hamictl_top_uses_the_config_state_dir(state_dir, tmp_path_factory, capsys):
-    from hami_runtime import hamictl
+    from hami_runtime.tools import hamictl
     cfg = tmp_path_factory.mktemp("cfg") / "hami.toml"
     cfg.write_text(f'state_dir = "{state_dir}"\n')
     assert hamictl.main(["--config", str(cfg), "top", "--interval", "0", "--json"]) == 0
@@ -219,7 +220,7 @@ def test_hamictl_top_uses_the_config_state_dir(state_dir, tmp_path_factory, caps
 @pytest.mark.parametrize("command", [["top", "--interval", "0"], ["metrics", "--listen", "127.0.0.1:0"]])
 def test_missing_header_is_one_clear_line(state_dir, command):
     env = dict(os.environ, HAMI_REGION_HEADER=str(state_dir / "none.h"))
-    result = subprocess.run([sys.executable, "-c", "import sys; from hami_runtime.hamictl import main; "
+    result = subprocess.run([sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl import main; "
                              "sys.exit(main())", *command[:1], "--state-dir", str(state_dir),
                              *command[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=60)

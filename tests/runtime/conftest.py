@@ -18,7 +18,7 @@ SIM_CONFIG = SIM / "hami.toml"
 CUDA_ALLOC = BUILD / "runtime-tests" / "cuda_alloc"
 RUNTIME = [sys.executable, "-m", "hami_runtime"]
 LAUNCHER = BUILD / "hami-runtime"  # the C front (make build); falls back to RUNTIME
-HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.hamictl import main; sys.exit(main())"]
+HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl import main; sys.exit(main())"]
 APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink")
 TIMEOUT = 60
 

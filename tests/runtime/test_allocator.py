@@ -1,9 +1,10 @@
 """Allocation over literal GPUs and allocations: capacity, filters, policies."""
 import pytest
 
-from hami_runtime.allocator import GpuInfo, allocate
 from hami_runtime.errors import HamiError
-from hami_runtime.requests import parse
+from hami_runtime.lifecycle.allocator import allocate
+from hami_runtime.lifecycle.requests import parse
+from hami_runtime.node.gpu import GpuInfo
 
 GPUS = [GpuInfo(0, "GPU-0", "NVIDIA A100-SXM4-40GB", 40960, 0),
         GpuInfo(1, "GPU-1", "NVIDIA H100 80GB HBM3", 81920, 1)]

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from hami_runtime import discovery
+from hami_runtime.node import discovery
 
 PROC_DEVICES = """Character devices:
   1 mem

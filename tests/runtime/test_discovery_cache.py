@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hami_runtime import discovery_cache
+from hami_runtime.node import discovery_cache
 
 from .conftest import TIMEOUT
 
@@ -15,7 +15,8 @@ from .conftest import TIMEOUT
 # what it had to load or run for it.
 PROBE = r"""
 import json, os, sys
-from hami_runtime import config, discovery, discovery_cache
+from hami_runtime import config
+from hami_runtime.node import discovery, discovery_cache
 boot_id = os.environ.get("PROBE_BOOT_ID")
 if boot_id:
     discovery_cache.BOOT_ID = boot_id

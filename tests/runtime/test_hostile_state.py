@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hami_runtime import store
+from hami_runtime.lifecycle import store
 from hami_runtime.files import process_start
 
 from .conftest import RUNC, TIMEOUT

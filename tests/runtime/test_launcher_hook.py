@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from hami_runtime import store
+from hami_runtime.lifecycle import store
 
 from .conftest import LAUNCHER, RUNC, TIMEOUT
 
@@ -138,7 +138,7 @@ def test_config_hook_command_keeps_its_hook(node):
     ("other-tool", 0o755, False),     # not a launcher
 ])
 def test_only_a_safe_launcher_runs_the_hook(tmp_path, name, mode, usable):
-    from hami_runtime import create
+    from hami_runtime.lifecycle import create
     path = tmp_path / name
     path.write_bytes(b"\x7fELF")
     path.chmod(mode)

@@ -41,7 +41,8 @@ def test_split_count_refuses_the_eleventh(node):
 
 def _race_one(config, state_dir, root, bundle, cid, results, hold):
     os.environ["HAMI_CONFIG"] = config
-    from hami_runtime import argv, config as config_mod, create
+    from hami_runtime import argv, config as config_mod
+    from hami_runtime.lifecycle import create
     from hami_runtime.errors import HamiError
     inv = argv.parse(["--root", root, "create", "--bundle", bundle, cid])
     try:
@@ -150,6 +151,33 @@ ENTRIES = [pytest.param(RUNTIME, id="python"),
            pytest.param([str(LAUNCHER)], id="launcher", marks=needs_launcher)]
 
 
+def imported_by(node, *args):
+    """The modules a hami-runtime command loads itself (what site loads comes first)."""
+    err = node.tmp / "importtime"
+    with open(err, "wb") as stderr:  # files, not pipes: a created container inherits them
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hami_runtime", "--root",
+                               str(node.runc_root)] + list(args), stdout=subprocess.DEVNULL,
+                              stderr=stderr, env=node.env, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, err.read_text()[-2000:]
+    names = [line.split("|")[-1].strip() for line in err.read_text().splitlines()
+             if line.startswith("import time:")]
+    return set(names[names.index("site") + 1:] if "site" in names else names)
+
+
+def test_gpu_create_with_caches_loads_no_parser(node):
+    """Once the config has settled and a create has cached it and the GPU list,
+    a GPU create loads no TOML parser, typing, json or re."""
+    from hami_runtime.config_cache import SETTLED_NS
+    time.sleep(max(0.0, SETTLED_NS / 1e9 - (time.time() - node.config.stat().st_ctime)) + 0.2)
+    warm = node.bundle("warm", {"hami.io/gpumem": "100"})
+    assert node.create("warm", warm).returncode == 0
+    assert node.runtime("delete", "-f", "warm").returncode == 0
+    gpu = node.bundle("gpu", {"hami.io/gpumem": "100"})
+    modules = imported_by(node, "create", "--bundle", str(gpu), "gpu")
+    assert "hami_runtime.lifecycle.allocator" in modules  # it did serve the request
+    assert not modules & {"tomllib", "typing", "json", "re", "enum", "copy", "dataclasses"}
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("args", [["--version"], ["list"], ["state", "nope"], ["--log-format=json", "list"],
                                   ["kill", "nope"], ["features"], ["--unknown-flag", "list"]])
@@ -175,13 +203,16 @@ def test_passthrough_imports_nothing_heavy(node, args):
                                str(node.runc_root)] + args, stdout=subprocess.DEVNULL, stderr=stderr,
                               env=env, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, err.read_text()[-2000:]
-    modules = {line.split("|")[-1].strip() for line in err.read_text().splitlines()
-               if line.startswith("import time:")}
+    names = [line.split("|")[-1].strip() for line in err.read_text().splitlines()
+             if line.startswith("import time:")]
+    # what site and the environment's .pth files load comes first and is not ours
+    modules = set(names[names.index("site") + 1:] if "site" in names else names)
     imported = {name.split(".")[0] for name in modules}
     assert not imported & {"pydantic", "pynvml", "jsonschema", "cffi", "click"}
     # nor the modules that serve a GPU request only
-    assert not modules & {"tempfile", "dataclasses", "hami_runtime.modifiers", "hami_runtime.store",
-                          "hami_runtime.allocator", "hami_runtime.region", "hami_runtime.discovery"}
+    assert not modules & {"tempfile", "dataclasses", "hami_runtime.lifecycle.modifiers",
+                          "hami_runtime.lifecycle.store", "hami_runtime.lifecycle.allocator",
+                          "hami_runtime.node.region", "hami_runtime.node.discovery"}
 
 
 def test_hook_release_is_idempotent_and_spares_a_live_container(node):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import jsonschema
 
-from hami_runtime import modifiers as m
+from hami_runtime.lifecycle import modifiers as m
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "oci-spec.schema.json").read_text())
 

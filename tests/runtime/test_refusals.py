@@ -130,7 +130,8 @@ def test_bad_input(busy, case, make, cid, config, field, value):
 def test_unexpected_failure_is_one_line(node, monkeypatch, capsys):
     """Whatever breaks inside create (here the region layer) still ends as one
     line and exit 1, with nothing left behind."""
-    from hami_runtime import cli, region
+    from hami_runtime import cli
+    from hami_runtime.node import region
 
     def broken(*args, **kwargs):
         raise region.RegionError("disk on fire\nsecond line")

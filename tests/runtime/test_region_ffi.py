@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import ROOT
 
 HEADER = ROOT / "libvgpu_src" / "region.h"
-PREBUILT = ROOT / "hami_runtime" / "_region_ffi.py"
+PREBUILT = ROOT / "hami_runtime" / "node" / "_region_ffi.py"
 STRUCTS = ("struct hami_region", "struct hami_device_limit", "struct hami_sm_state",
            "struct hami_proc_slot")
 CONSTS = ("HAMI_REGION_MAGIC", "HAMI_REGION_VERSION", "HAMI_MAX_DEVICES", "HAMI_MAX_PROCS",
@@ -19,7 +19,7 @@ CONSTS = ("HAMI_REGION_MAGIC", "HAMI_REGION_VERSION", "HAMI_MAX_DEVICES", "HAMI_
 
 # What a fresh interpreter loaded: which ffi, and whether the parser came in.
 PROBE = (
-    "import json, sys; from hami_runtime import region; "
+    "import json, sys; from hami_runtime.node import region; "
     "print(json.dumps({'prebuilt': type(region.ffi).__module__ == '_cffi_backend', "
     "'pycparser': 'pycparser' in sys.modules, 'size': region.REGION_SIZE, "
     "'version': region.VERSION}))"
@@ -49,7 +49,7 @@ def load_module(path):
 
 
 def test_build_writes_the_module_and_import_skips_the_parser():
-    assert PREBUILT.is_file(), "run `make build` first: it writes hami_runtime/_region_ffi.py"
+    assert PREBUILT.is_file(), "run `make build` first: it writes hami_runtime/node/_region_ffi.py"
     seen = probe()
     assert seen["prebuilt"] and not seen["pycparser"]
 
@@ -64,7 +64,7 @@ def test_a_different_header_is_parsed_instead(tmp_path):
 
 @pytest.mark.parametrize("edit", [b"", b"/* one more line */\n"])
 def test_emitted_module_has_the_parsed_layout(tmp_path, edit):
-    from hami_runtime import region
+    from hami_runtime.node import region
     header = tmp_path / "region.h"
     header.write_bytes(HEADER.read_bytes() + edit)
     out = tmp_path / "emitted.py"
@@ -76,25 +76,25 @@ def test_emitted_module_has_the_parsed_layout(tmp_path, edit):
 
 
 def test_a_module_from_another_header_is_not_used(monkeypatch, tmp_path):
-    from hami_runtime import region
+    from hami_runtime.node import region
     header = tmp_path / "region.h"
     text = HEADER.read_bytes().replace(b"#define HAMI_MAX_PROCS", b"#define HAMI_MAX_PROCS_OLD 1\n"
                                        b"#define HAMI_MAX_PROCS", 1)
     header.write_bytes(text)
     out = tmp_path / "_region_ffi.py"
     region.emit_module(out, header)
-    import hami_runtime
+    import hami_runtime.node
     emitted = load_module(out)
-    monkeypatch.setitem(sys.modules, "hami_runtime._region_ffi", emitted)
-    monkeypatch.setattr(hami_runtime, "_region_ffi", emitted, raising=False)
+    monkeypatch.setitem(sys.modules, "hami_runtime.node._region_ffi", emitted)
+    monkeypatch.setattr(hami_runtime.node, "_region_ffi", emitted, raising=False)
     assert region._prebuilt_ffi(text) is not None
     assert region._prebuilt_ffi(HEADER.read_bytes()) is None
 
 
 def test_no_module_means_parsing(monkeypatch):
-    import hami_runtime
-    from hami_runtime import region
-    monkeypatch.delattr(hami_runtime, "_region_ffi", raising=False)
-    monkeypatch.setitem(sys.modules, "hami_runtime._region_ffi", None)  # as if never built
+    import hami_runtime.node
+    from hami_runtime.node import region
+    monkeypatch.delattr(hami_runtime.node, "_region_ffi", raising=False)
+    monkeypatch.setitem(sys.modules, "hami_runtime.node._region_ffi", None)  # as if never built
     assert region._prebuilt_ffi(HEADER.read_bytes()) is None
     assert region._load_ffi().sizeof("struct hami_region") == region.REGION_SIZE

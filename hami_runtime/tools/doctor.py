@@ -19,9 +19,9 @@ from typing import List
 
 import click
 
-from . import allocator, store
-from .errors import HamiError
-from .files import read_state_file
+from ..errors import HamiError
+from ..files import read_state_file
+from ..lifecycle import allocator, store
 
 
 def _aside(path: str) -> str:
@@ -58,7 +58,7 @@ def check_files(state_dir: str, repair: bool, out: List[str]) -> None:
 def check_entries(cfg, repair: bool, out: List[str]) -> None:
     gpus = []
     try:
-        from . import discovery
+        from ..node import discovery
         gpus = discovery.load_gpus(cfg.nvml_library)
     except Exception as exc:  # no NVML: the fields are still checked
         out.append(f"GPUs: not read ({type(exc).__name__}: {exc}); sizes not checked against them")
@@ -167,7 +167,7 @@ def doctor(cfg, repair: bool) -> List[str]:
 @click.pass_context
 def doctor_command(ctx, repair):
     """Check the allocator's state dir (and repair it with --repair)."""
-    from . import config
+    from .. import config
     cfg = config.load(ctx.obj["config_path"])
     found = doctor(cfg, repair)
     for line in found:

@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from . import config as config_mod
-from .errors import HamiError
+from .. import config as config_mod
+from ..errors import HamiError
 
 
 def _config(path):
@@ -27,7 +27,7 @@ def _table(headers, rows) -> str:
 def state_now(cfg):
     """(live allocations, invalid entries): dead ones are freed on the way;
     each invalid entry is reported on stderr."""
-    from . import store
+    from ..lifecycle import store
     import os
     if not os.path.isdir(cfg.state_dir):
         return {}, {}
@@ -57,7 +57,8 @@ def cli(ctx, config_path):
 @click.pass_context
 def gpus(ctx, as_json):
     """GPUs: index, UUID, model, memory, slots used, memory and cores allocated."""
-    from . import allocator, discovery
+    from ..lifecycle import allocator
+    from ..node import discovery
     cfg = _config(ctx.obj["config_path"])
     found = discovery.load_gpus(cfg.nvml_library)
     live, invalid = state_now(cfg)
@@ -90,7 +91,7 @@ def gpus(ctx, as_json):
 @click.pass_context
 def ps(ctx, as_json):
     """Allocations: container, GPU, memory, cores, PID."""
-    from . import store
+    from ..lifecycle import store
     cfg = _config(ctx.obj["config_path"])
     rows = []
     for name, entry in sorted(allocations(cfg).items(), key=lambda kv: (kv[1]["id"], kv[0])):

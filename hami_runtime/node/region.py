@@ -5,7 +5,7 @@ from (``libvgpu_src/region.h``), so there is no second copy of it here: only
 ``#define NAME <integer>`` lines of its preprocessor part are kept, the rest of
 the header is handed to ``ffi.cdef`` as it is (cffi ABI mode, no compiler).
 ``make build`` writes the same cdef once as an out-of-line ABI module
-(``hami_runtime/_region_ffi.py``, see ``emit_module``) holding the header
+(``hami_runtime/node/_region_ffi.py``, see ``emit_module``) holding the header
 text it was made from; it is used only when that text is the header found
 now byte for byte, otherwise the header is parsed here as before (pycparser is slow to load).
 
@@ -18,10 +18,10 @@ from __future__ import annotations
 import builtins
 import mmap
 import os
-import re
 import sys
 import time
-from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,7 +33,8 @@ def Path(*parts):  # noqa: N802 - pathlib.Path, loaded on first use (the create 
 
 REGION_FILE_NAME = "vgpu.region"
 
-_INTEGER_DEFINE = re.compile(
+# compiled where the header is parsed: a create with the prebuilt layout loads no re
+_INTEGER_DEFINE = (
     r"^\s*#\s*define\s+[A-Za-z_]\w*\s+(?:0[xX][0-9a-fA-F]+|\d+)[uUlL]*\s*(?:/\*.*\*/\s*|//.*)?$"
 )
 
@@ -45,8 +46,8 @@ class RegionError(Exception):
 def _header_candidates() -> List[str]:
     env = os.environ.get("HAMI_REGION_HEADER")
     candidates = [env] if env else []
-    here = os.path.dirname(os.path.realpath(__file__))
-    candidates.append(os.path.join(os.path.dirname(here), "libvgpu_src", "region.h"))
+    tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    candidates.append(os.path.join(tree, "libvgpu_src", "region.h"))
     candidates.append(os.path.join(sys.prefix, "share", "hami", "region.h"))
     candidates.append("/usr/local/share/hami/region.h")
     return candidates
@@ -78,15 +79,16 @@ def _read(path: str) -> bytes:
 
 def cdef_source(header_text: str) -> str:
     """The header as cffi's cdef takes it: integer #defines kept, other # lines dropped."""
+    import re
     lines = []
     for line in header_text.splitlines():
-        if line.lstrip().startswith("#") and not _INTEGER_DEFINE.match(line):
+        if line.lstrip().startswith("#") and not re.match(_INTEGER_DEFINE, line):
             continue
         lines.append(line)
     return "\n".join(lines) + "\n"
 
 
-FFI_MODULE = "hami_runtime._region_ffi"
+FFI_MODULE = "hami_runtime.node._region_ffi"
 
 
 def _prebuilt_ffi(header_text: bytes):
@@ -165,26 +167,29 @@ STATES = {
 
 # Named tuples, not dataclasses: the runtime's create path writes a region,
 # and dataclasses loads inspect.
-class DeviceLimit(NamedTuple):
+class DeviceLimit(namedtuple("DeviceLimit", "uuid mem_limit_bytes sm_limit_pct")):
+    __slots__ = ()
     uuid: str
     mem_limit_bytes: int  # 0 = no limit
     sm_limit_pct: int  # 0 or >= 100 = no limit
 
 
-class DeviceUsage(NamedTuple):
+class DeviceUsage(namedtuple("DeviceUsage", "mem_used ctx_used sm_busy_ns launches")):
+    __slots__ = ()
     mem_used: int
     ctx_used: int
     sm_busy_ns: int
     launches: int
 
 
-class ProcessUsage(NamedTuple):
+class ProcessUsage(namedtuple("ProcessUsage", "slot pid host_pid started_ns devices owner", defaults=((), 0,))):
+    __slots__ = ()
     slot: int
     pid: int  # as the container sees it
     host_pid: int  # 0 when not known
     started_ns: int
-    devices: Sequence[DeviceUsage] = ()
-    owner: int = 0  # (pid << 32) | (start time in clock ticks & 0xffffffff)
+    devices: Sequence[DeviceUsage]
+    owner: int  # (pid << 32) | (start time in clock ticks & 0xffffffff)
 
     @property
     def mem_used(self) -> int:
@@ -274,7 +279,7 @@ def write_new(path: str, devices: Sequence[DeviceLimit], core_policy: str = "def
               priority: int = 1) -> None:
     """create() without pathlib (the runtime's create path)."""
     data = image(devices, core_policy, priority)
-    from .files import temp_beside
+    from ..files import temp_beside
     fd, tmp = temp_beside(path, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as out:

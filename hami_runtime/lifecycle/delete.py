@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-from . import log
-from .errors import HamiError
-from .ids import check_container_id
+from .. import log
+from ..errors import HamiError
+from ..ids import check_container_id
 
 DELETE_DONE_ENV = "HAMI_DELETE_DONE"  # hami_runtime/launcher/hook.h
 

@@ -7,16 +7,16 @@ GPU request are imported where they are used.
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
-from typing import TYPE_CHECKING, Dict, List
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 
-from . import log, spec as spec_io
-from .config import Config
-from .errors import HamiError
-from .ids import check_container_id
+from .. import fastjson as json, log
+from ..config import Config
+from ..errors import HamiError
+from ..ids import check_container_id
+from . import spec as spec_io
 from .request_keys import mentions_request
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def identity(annotations: Dict[str, str]) -> Dict[str, str]:
 
 
 def device_majors(cfg: Config) -> Dict[str, int]:
-    from . import discovery
+    from ..node import discovery
     majors = discovery.read_majors(cfg.proc_devices)
     # A node that exists under the dev root is the truth for its major.
     for name, node in (("nvidia-frontend", "nvidiactl"), ("nvidia-uvm", "nvidia-uvm")):
@@ -77,7 +77,8 @@ def create_hook_argv(cfg: Config, launcher, runc_root: str) -> List[str]:
 
 
 def hook_argv(cfg: Config, runc_root: str) -> List[str]:
-    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the directory that holds the hami_runtime and hami_hook packages
+    where = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base = list(cfg.hook_command) or [sys.executable, "-S", "-I", "-c", HOOK_CODE.format(where=where)]
     return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root]
 
@@ -123,8 +124,9 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
 
 def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
                        ) -> None:
-    from . import modifiers, region, store
-    from .files import atomic_write
+    from . import modifiers, store
+    from ..node import region
+    from ..files import atomic_write
     region_dir, private = store.make_dirs(cfg.state_dir, name)
     # The region file is 0666 (any container user maps it); the dir stays the host's.
     os.chmod(region_dir, 0o755)
@@ -148,7 +150,8 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     env = (spec.get("process") or {}).get("env") or []
     if mentions_request(annotations, env, cfg.env_requests):
         # Only now the request model, NVML and the allocator are loaded.
-        from . import allocator, discovery_cache, requests
+        from . import allocator, requests
+        from ..node import discovery_cache
         request = requests.parse(annotations, env, cfg.env_requests)
     else:
         request = None
@@ -162,10 +165,9 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
         else:
             log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
         return False
-    import copy
     import time
     from . import modifiers, store
-    from .files import process_start
+    from ..files import process_start
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
     gpus = discovery_cache.gpus(cfg)
@@ -196,7 +198,8 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     # is freed by the release below or by the next transaction.
     try:
         _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
-        edited = modifiers.apply(copy.deepcopy(spec), build_injection(
+        # a deep copy of the spec (plain JSON values) without loading copy
+        edited = modifiers.apply(json.loads(json.dumps(spec)), build_injection(
             cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher))
         spec_io.write(bundle, edited)
     except BaseException:

@@ -2,7 +2,6 @@
 spec without any of them passes through without loading the request model."""
 from __future__ import annotations
 
-from typing import Dict, Iterable
 
 PREFIXES = ("hami.io/", "nvidia.com/")
 KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu-uuid",

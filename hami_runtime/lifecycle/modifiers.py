@@ -6,8 +6,9 @@ already edited spec converges.
 """
 from __future__ import annotations
 
-import json
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+
+from .. import fastjson as json
 
 VGPU_DIR = "/usr/local/vgpu"
 LIBVGPU_PATH = f"{VGPU_DIR}/libvgpu.so"
@@ -19,13 +20,15 @@ RO_BIND = ["bind", "ro", "nosuid", "nodev"]
 RW_BIND = ["bind", "rw", "nosuid", "nodev"]
 
 
-class DeviceNode(NamedTuple):
+class DeviceNode(namedtuple("DeviceNode", "path major minor")):
+    __slots__ = ()
     path: str
     major: int
     minor: int
 
 
-class Mount(NamedTuple):
+class Mount(namedtuple("Mount", "source destination options")):
+    __slots__ = ()
     source: str
     destination: str
     options: Tuple[str, ...]

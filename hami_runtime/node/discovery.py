@@ -3,21 +3,22 @@ driver's user-space files from the ld cache under the driver root."""
 from __future__ import annotations
 
 import os
-import re
-from typing import Dict, List, NamedTuple, Tuple
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
-from .allocator import GpuInfo
-from .errors import HamiError
+from ..errors import HamiError
+from .gpu import GpuInfo
 
 # Driver user-space libraries, by soname prefix (the toolkit's libcudart etc. are not the driver's).
 DRIVER_LIB_PREFIXES = ("libcuda.so", "libnvidia-", "libcudadebugger.so", "libnvcuvid.so",
                        "libnvoptix.so")
 SMI_PLACES = ("usr/bin/nvidia-smi", "bin/nvidia-smi", "usr/local/bin/nvidia-smi", "usr/sbin/nvidia-smi")
 LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig", "/sbin/ldconfig.real")
-_CACHE_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
+# compiled on use: a create that finds the discovery cache loads no re
+_CACHE_LINE = r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$"
 
 
-class DriverFile(NamedTuple):
+class DriverFile(namedtuple("DriverFile", "host_path container_path")):
+    __slots__ = ()
     host_path: str       # resolved, under the driver root
     container_path: str  # where the cache lists it (root removed)
 
@@ -81,9 +82,10 @@ def read_majors(path: str) -> Dict[str, int]:
 
 def parse_ld_cache(output: str) -> List[Tuple[str, str, str]]:
     """`ldconfig -p` lines -> (soname, flags, path)."""
+    import re
     entries = []
     for line in output.splitlines():
-        match = _CACHE_LINE.match(line)
+        match = re.match(_CACHE_LINE, line)
         if match:
             entries.append(match.groups())
     return entries

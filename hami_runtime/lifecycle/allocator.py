@@ -2,23 +2,17 @@
 in, grants out (or a refusal naming the request)."""
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, NamedTuple
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
-from .errors import HamiError
+from ..errors import HamiError
+from ..node.gpu import GpuInfo
 
 # Named tuples and a plain class, not dataclasses: this is the create path,
 # and dataclasses loads inspect.
 
 
-class GpuInfo(NamedTuple):
-    index: int
-    uuid: str
-    model: str
-    memory_mib: int
-    minor: int
-
-
-class Grant(NamedTuple):
+class Grant(namedtuple("Grant", "index uuid mem_mib cores")):
+    __slots__ = ()
     index: int
     uuid: str
     mem_mib: int
@@ -28,10 +22,11 @@ class Grant(NamedTuple):
         return dict(self._asdict())
 
 
-class Capacity(NamedTuple):
+class Capacity(namedtuple("Capacity", "slots mem_mib cores", defaults=(100,))):
+    __slots__ = ()
     slots: int
     mem_mib: int
-    cores: int = 100
+    cores: int
 
 
 class Usage:

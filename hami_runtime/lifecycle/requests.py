@@ -3,20 +3,19 @@ annotations) its env. Pure: strings in, a validated model out, or a refusal
 that names the key and the value."""
 from __future__ import annotations
 
-import re
-from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
+from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
-from .errors import HamiError
+from ..chars import gpu_uuid, number as digits
+from ..errors import HamiError
 
 from .request_keys import ENV_KEYS, KEYS, PREFIXES, REQUEST_KEYS
 
 MAX_GPUS = 16
-_NUMBER = re.compile(r"[0-9]{1,10}")
-_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
 CORE_POLICIES = ("default", "force", "disable")
 
 
-class AssignedDevice(NamedTuple):
+class AssignedDevice(namedtuple("AssignedDevice", "uuid mem_mib cores")):
+    __slots__ = ()
     uuid: str
     mem_mib: int
     cores: int
@@ -77,7 +76,7 @@ class GpuRequest:
 
 def number(key: str, value: str, low: int, high: int) -> int:
     """Plain ASCII digits and nothing else ("100\n" and " 100" are refused)."""
-    if not isinstance(value, str) or not _NUMBER.fullmatch(value):
+    if not isinstance(value, str) or not digits(value):
         raise HamiError(key, value, "not a whole number (ASCII digits only)")
     result = int(value)
     if not low <= result <= high:
@@ -95,7 +94,7 @@ def uuid_list(key: str, value: str) -> Tuple[str, ...]:
     if not items:
         raise HamiError(key, value, "empty list of UUIDs")
     for item in items:
-        if not _UUID.fullmatch(item):
+        if not gpu_uuid(item):
             raise HamiError(key, value, f"not a GPU UUID: {item!r}")
     return items
 
@@ -125,7 +124,7 @@ def parse_assigned(key: str, value: str) -> Tuple[AssignedDevice, ...]:
         if len(parts) != 4:
             raise HamiError(key, value, f"device entry {entry!r} is not UUID,NVIDIA,<MiB>,<cores>")
         uuid, vendor, mem, cores = parts
-        if not _UUID.fullmatch(uuid):
+        if not gpu_uuid(uuid):
             raise HamiError(key, value, f"not a GPU UUID: {uuid!r}")
         if vendor != "NVIDIA":
             raise HamiError(key, value, f"device vendor {vendor!r} is not NVIDIA")
@@ -235,7 +234,7 @@ def from_env(env: Dict[str, str]) -> Optional[GpuRequest]:
         for item in items:
             if item.isdigit():
                 indices.append(number("NVIDIA_VISIBLE_DEVICES", item, 0, 1023))
-            elif _UUID.fullmatch(item) and item.upper().startswith("GPU-"):
+            elif gpu_uuid(item) and item.upper().startswith("GPU-"):
                 uuids.append(item)
             else:
                 raise HamiError("NVIDIA_VISIBLE_DEVICES", visible,

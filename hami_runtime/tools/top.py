@@ -61,7 +61,7 @@ def region_module():
     """hami_runtime.region, loaded (it reads region.h) only when regions are read, so a
     missing header is one clear line here, not a failure of every hamictl command."""
     try:
-        from . import region
+        from ..node import region
     except Exception as exc:  # the header's RegionError, or an unreadable header
         raise click.ClickException(str(exc)) from None
     return region
@@ -204,7 +204,7 @@ def resolve_state_dir(state_dir: Optional[str]) -> str:
     """--state-dir, else the config's (hamictl --config, $HAMI_CONFIG, the default file)."""
     if state_dir:
         return state_dir
-    from . import config
+    from .. import config
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root().obj if ctx else None
     path = root.get("config_path") if isinstance(root, dict) else None

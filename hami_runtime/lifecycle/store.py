@@ -32,16 +32,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import re
 import stat
 import time
-from typing import Dict, Iterable, Iterator, Optional, Tuple
 
-from .errors import HamiError
-from .files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
-from .ids import check_container_id
+from .. import fastjson as json
+from ..chars import gpu_uuid, root_key as root_key_ok
+from ..errors import HamiError
+from ..files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
+from ..ids import check_container_id
 
 VERSION = 2
 STATE_FILE = "allocations.json"
@@ -55,8 +54,6 @@ MAX_SMALL_FILE = 64 << 10
 MAX_DEVICES = 16
 MAX_MEM_MIB = 1 << 30
 CORE_POLICIES = ("default", "force", "disable")
-_ROOT_KEY = re.compile(r"[0-9a-f]{16}")
-_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
 
 
 def root_key(runc_root: str) -> str:
@@ -71,7 +68,7 @@ def alloc_name(runc_root: str, cid: str) -> str:
 def check_name(name) -> Tuple[str, str]:
     """(container id, root key) of a well-formed allocation name."""
     cid, at, key = name.rpartition("@") if isinstance(name, str) else ("", "", "")
-    if not at or not _ROOT_KEY.fullmatch(key):
+    if not at or not root_key_ok(key):
         raise HamiError("allocation name", name, "must be <container id>@<16 hex digits>")
     return check_container_id(cid), key
 
@@ -123,7 +120,7 @@ def entry_problem(name, entry) -> str:
     for i, d in enumerate(devices):
         if not isinstance(d, dict) or set(d) != {"index", "uuid", "mem_mib", "cores"}:
             return f"devices[{i}] must have exactly index, uuid, mem_mib, cores"
-        if not isinstance(d["uuid"], str) or not _UUID.fullmatch(d["uuid"]):
+        if not isinstance(d["uuid"], str) or not gpu_uuid(d["uuid"]):
             return f"devices[{i}].uuid={d['uuid']!r} is not a GPU UUID"
         for field, low, high in (("index", 0, 1023), ("mem_mib", 1, MAX_MEM_MIB),
                                  ("cores", 0, 100)):

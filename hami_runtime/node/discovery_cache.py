@@ -12,14 +12,13 @@ replace the entry atomically. A cache that cannot be written is not an error.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from typing import List, Optional
 
+from .. import fastjson as json
+from ..files import atomic_write, sha256_hex
 from . import discovery
-from .allocator import GpuInfo
-from .files import atomic_write, sha256_hex
+from .gpu import GpuInfo
 
 CACHE_DIR = "cache"
 GPUS_FILE = "gpus.json"

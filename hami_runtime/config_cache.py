@@ -1,0 +1,91 @@
+"""The parsed config, kept in <state_dir>/cache/ so that a create need not load
+tomllib (and with it typing, datetime, string: a good part of its start).
+
+An entry holds the TOML document as parsed (validation still runs on every
+load, so refusals are the same) under the key of the config file it came from:
+path, device, inode, size, mtime_ns and ctime_ns, the same before and after
+reading the open file, and its ctime at least SETTLED_NS old. It is written only into the state dir that the
+validated config names, so an entry found in a directory that is not the
+config's own state dir is never used. The state dir is found without TOML: the
+top-level `state_dir = "..."` line, else the default; a file that sets it some
+other way simply always misses. The entry is a state file (files.py: regular,
+root's or ours, no symlink, bounded); anything unexpected is a miss, and an
+entry that cannot be written is not an error.
+"""
+from __future__ import annotations
+
+import os
+
+from . import fastjson as json
+from .files import atomic_write, read_state_file
+
+CACHE_DIR = "cache"
+CONFIG_FILE = "config.json"
+VERSION = 1
+LIMIT = 256 * 1024  # as the launcher's config limit
+DEFAULT_STATE_DIR = "/run/hami"
+SETTLED_NS = 2_000_000_000  # a file changed more recently than this is not kept
+
+
+def file_key(path: str, st) -> list:
+    return [path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def state_dir_hint(text: bytes) -> str:
+    """The top-level `state_dir = "/..."` (a plain one-line string), else the default."""
+    for line in text.split(b"\n"):
+        line = line.strip()
+        if line.startswith(b"["):
+            break
+        if not line.startswith(b"state_dir"):
+            continue
+        name, _, value = line.partition(b"=")
+        value = value.strip()
+        if name.strip() != b"state_dir" or not value.startswith(b'"'):
+            return ""
+        end = value.find(b'"', 1)
+        if end < 0 or b"\\" in value[:end]:
+            return ""
+        rest = value[end + 1:].strip()
+        if rest and not rest.startswith(b"#"):
+            return ""
+        try:
+            hint = value[1:end].decode("utf-8")
+        except UnicodeDecodeError:
+            return ""
+        return os.path.normpath(hint) if os.path.isabs(hint) else ""
+    return DEFAULT_STATE_DIR
+
+
+def entry_path(state_dir: str) -> str:
+    return os.path.join(state_dir, CACHE_DIR, CONFIG_FILE)
+
+
+def lookup(state_dir: str, key: list):
+    """The parsed document stored for this key in state_dir, or None."""
+    if not state_dir:
+        return None
+    try:
+        entry = json.loads(read_state_file(entry_path(state_dir), LIMIT))
+    except Exception:  # missing, refused or not JSON: a miss
+        return None
+    if not isinstance(entry, dict) or entry.get("version") != VERSION or entry.get("key") != key \
+            or entry.get("state_dir") != state_dir or not isinstance(entry.get("document"), dict):
+        return None
+    return entry["document"]
+
+
+def store(state_dir: str, key: list, document: dict) -> None:
+    """Keep the document for this key, in a state dir that already exists."""
+    try:
+        data = json.dumps({"version": VERSION, "key": key, "state_dir": state_dir,
+                           "document": document}, allow_nan=False).encode()
+    except (TypeError, ValueError):  # a TOML date or nan: not kept
+        return
+    if len(data) > LIMIT or not os.path.isdir(state_dir):
+        return
+    try:
+        os.makedirs(os.path.join(state_dir, CACHE_DIR), mode=0o755, exist_ok=True)
+        atomic_write(entry_path(state_dir), data, 0o644)
+    except OSError:
+        pass

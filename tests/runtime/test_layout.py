@@ -1,0 +1,58 @@
+"""The package's imports point one way: tools → create path (lifecycle) →
+node model → base; the entry (cli, __main__) may import any of them."""
+import ast
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "hami_runtime"
+RANK = {"": 0, "node": 1, "lifecycle": 2, "tools": 3}
+ENTRY = {"hami_runtime.cli", "hami_runtime.__main__"}
+
+
+def module_name(path):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part(module):
+    """The layer of hami_runtime.X or hami_runtime.<layer>.X."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 and pieces[1] in RANK else ""
+
+
+def imports(path):
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target.startswith("hami_runtime."):
+                yield target
+
+
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if not p.name.startswith("_region_ffi"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_one_way(path):
+    name = module_name(path)
+    if name in ENTRY:
+        return
+    mine = RANK[part(name)]
+    backwards = [t for t in imports(path) if RANK[part(t)] > mine]
+    assert not backwards, f"{name} imports {backwards} from a later layer"
+
+
+def test_layers_are_the_ones_named():
+    assert {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} == {"lifecycle", "node", "tools"}
