@@ -521,7 +521,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     struct sm_local *loc = &sm_local[dev];
 
     pthread_mutex_lock(&loc->lock);
-    int billed = 1, window_open;
+    int billed = 1;
     for (;;) {
         uint32_t share = sm_share(region, dev);
         if (!share) {                            /* limit lifted while running */
@@ -534,16 +534,17 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             sm_correct(loc, now);
         }
         sm_refill(st, share, now);
-        window_open = sm_window_open(loc);
-        if (region->core_policy == HAMI_POLICY_DEFAULT && sm_alone(loc, now)) {
-            billed = 0;                          /* no wait; unmeasured if the window is full */
+        int window_open = sm_window_open(loc);
+        /* alone, only the window applies: it bounds the work queued ahead, and
+         * so how long a neighbour's arrival takes to be felt */
+        int free_run = region->core_policy == HAMI_POLICY_DEFAULT && sm_alone(loc, now);
+        int64_t tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
+        if ((free_run || tokens > 0) && window_open) {
+            billed = !free_run;
             break;
         }
-        int64_t tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
-        if (tokens > 0 && window_open)
-            break;
         /* sleep until the deficit has refilled, or look again for a measurement */
-        int64_t wait = tokens > 0 ? SM_POLL_NS : -tokens / share * 100 + SM_SLEEP_MIN_NS;
+        int64_t wait = free_run || tokens > 0 ? SM_POLL_NS : -tokens / share * 100 + SM_SLEEP_MIN_NS;
         if (!window_open && wait > SM_POLL_NS)
             wait = SM_POLL_NS;
         pthread_mutex_unlock(&loc->lock);
@@ -553,7 +554,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
 
     int64_t estimate = billed ? loc->estimate_ns : 0;
     sm_charge(st, estimate);
-    int idx = sm_events_ok && window_open ? sm_probe_get(loc) : -1;
+    int idx = sm_events_ok ? sm_probe_get(loc) : -1;
     if (idx < 0)
         loc->unmeasured++;
     if (idx >= 0) {
