@@ -149,7 +149,7 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     if mentions_request(annotations, env, cfg.env_requests):
         # Only now the request model, NVML and the allocator are loaded.
         from . import allocator, discovery_cache, requests
-        request = requests.parse(annotations, env, cfg.env_requests)
+        request = requests.parse(annotations, env, cfg.env_requests, cfg.core_policy)
     else:
         request = None
     if request is None:
