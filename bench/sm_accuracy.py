@@ -98,14 +98,15 @@ def main() -> int:
         alone = measure([Load(region=work / "d30.region", sm_limit=30, policy="default")])
         pair = measure([Load(region=work / "p30.region", sm_limit=30, policy="default"),
                         Load(region=work / "p60.region", sm_limit=60, policy="default")], warmup_s=2.0)
-        print("\n| `default` | share of unlimited % | error (points) | jitter (points) |")
-        print("| --- | --- | --- | --- |")
-        print(f"| limit 30, alone | {alone.share():.1f} | {alone.share() - 100:+.1f} | "
-              f"{alone.jitter(100):.1f} |")
-        print(f"| limit 30, beside a busy 60 | {pair.share(0):.1f} | {pair.share(0) - 30:+.1f} | "
-              f"{pair.jitter(30, 0):.1f} |")
-        print(f"| limit 60, beside a busy 30 | {pair.share(1):.1f} | {pair.share(1) - 60:+.1f} | "
-              f"{pair.jitter(60, 1):.1f} |")
+        print("\n| `default` | target % | share of unlimited % | error (points) | jitter (points) "
+              "| per-second % |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for name, m, i, target in (("limit 30, alone", alone, 0, 100),
+                                    ("limit 30, beside a busy 60", pair, 0, 30),
+                                    ("limit 60, beside a busy 30", pair, 1, 60)):
+            series = " ".join(f"{p:.1f}" for p in m.per_second(i))
+            print(f"| {name} | {target} | {m.share(i):.1f} | {m.share(i) - target:+.1f} | "
+                  f"{m.jitter(target, i):.1f} | {series} |")
 
         runs = [switching(work, args.kernel_us) for _ in range(SWITCH_RUNS)]
         print("\n| `default` 30 %, a 60 % neighbour comes and goes | held after (ms) | free after (ms) |")

@@ -470,12 +470,8 @@ static void sm_correct(struct sm_local *loc, int64_t now)
 
 /* `default` policy: has no process of another container used the device in
  * the last SM_RECENT_US? Looked up every SM_LOOK_NS; unknown counts as no. */
-static int sm_alone(struct sm_local *loc, int64_t now)
+static int sm_look_alone(struct sm_local *loc, int64_t now)
 {
-    if (now < loc->next_look_ns)
-        return loc->alone;
-    loc->next_look_ns = now + SM_LOOK_NS;
-    loc->alone = 0;
     if (!sm_nvml_open(loc, now))
         return 0;
     struct timespec rt;
@@ -485,18 +481,27 @@ static int sm_alone(struct sm_local *loc, int64_t now)
     nvmlProcessUtilizationSample_t samples[SM_NVML_MAX_PROCS];
     unsigned int count = SM_NVML_MAX_PROCS;
     nvmlReturn_t r = sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, since);
-    if (r == NVML_ERROR_NOT_FOUND) {             /* no samples that recent: nobody busy */
-        loc->alone = 1;
+    if (r == NVML_ERROR_NOT_FOUND)               /* no samples that recent: nobody busy */
         return 1;
-    }
     if (r != NVML_SUCCESS)
         return 0;
     for (unsigned int i = 0; i < count; i++)
         if (samples[i].pid != loc->nvml_pid && samples[i].timeStamp > since && samples[i].smUtil > 0 &&
             !hami_region_has_pid(samples[i].pid))
             return 0;
-    loc->alone = 1;
     return 1;
+}
+
+static int sm_alone(struct sm_local *loc, int64_t now)
+{
+    if (now < loc->next_look_ns)
+        return loc->alone;
+    loc->next_look_ns = now + SM_LOOK_NS;
+    int alone = sm_look_alone(loc, now);
+    if (alone != loc->alone)
+        hami_debug("SM limit: %s", alone ? "alone on the device: not held" : "other containers busy: held");
+    loc->alone = alone;
+    return alone;
 }
 
 /* ---- launch path ---- */
