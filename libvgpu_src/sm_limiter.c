@@ -476,8 +476,8 @@ static int sm_look_alone(struct sm_local *loc, int64_t now)
         return 0;
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
-    unsigned long long since = (unsigned long long)rt.tv_sec * 1000000ULL + (unsigned long long)rt.tv_nsec / 1000ULL -
-                               SM_RECENT_US;
+    unsigned long long since =
+        (unsigned long long)rt.tv_sec * 1000000ULL + (unsigned long long)rt.tv_nsec / 1000ULL - SM_RECENT_US;
     nvmlProcessUtilizationSample_t samples[SM_NVML_MAX_PROCS];
     unsigned int count = SM_NVML_MAX_PROCS;
     nvmlReturn_t r = sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, since);
@@ -560,8 +560,6 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     int64_t estimate = billed ? loc->estimate_ns : 0;
     sm_charge(st, estimate);
     int idx = sm_events_ok ? sm_probe_get(loc) : -1;
-    if (idx < 0)
-        loc->unmeasured++;
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
         if (sm_drv.event_record(p->start, stream) == CUDA_SUCCESS) {
@@ -578,6 +576,8 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             idx = -1;
         }
     }
+    if (idx < 0)
+        loc->unmeasured++;                       /* its time will be missing from measured_ns */
     /* The lock stays held through the driver's launch, until after_launch: no
      * other thread of this process can slip a launch between our events. */
     sm_armed_dev = dev;
