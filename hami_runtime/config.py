@@ -35,6 +35,7 @@ DEFAULTS = {
     "memory_scaling": lambda: 1.0,
     "default_memory_mib": lambda: 0,   # 0: the whole card (after scaling)
     "default_cores": lambda: 0,        # 0: no SM limit
+    "core_policy": lambda: "default",  # when the request names none (hami.io/core-policy)
     "policy": lambda: "binpack",
     "driver_root": lambda: "/",
     "dev_root": lambda: "/dev",
@@ -163,6 +164,7 @@ VALIDATORS = {
     "memory_scaling": _scaling,
     "default_memory_mib": lambda k, v: _int(k, v, 0, 1 << 30),
     "default_cores": lambda k, v: _int(k, v, 0, 100),
+    "core_policy": lambda k, v: _choice(k, v, ("default", "force", "disable")),
     "policy": lambda k, v: _choice(k, v, ("binpack", "spread")),
     "driver_root": _abs_path,
     "dev_root": _abs_path,

@@ -4,8 +4,14 @@
  * and charged with each launch's MEASURED device time.
  *
  * A device is limited when its sm_limit is 1..99 and the policy is not
- * `disable` (`default` and `force` both apply the limit as configured).
- * Otherwise a launch costs one load and one branch: no event, lock or clock.
+ * `disable`. Otherwise a launch costs one load and one branch: no event, lock
+ * or clock. `force` always holds the share. `default` holds it only while
+ * processes of OTHER containers have recently used the device, as the
+ * driver's per-process utilisation says (a container cannot forge what the
+ * driver reports for another's pid): alone, its launches do not wait and are
+ * not billed, the bucket refills meanwhile, so a shared phase starts with a
+ * fresh short burst and no debt. Without NVML, or without knowing the pid
+ * NVML knows us by, `default` holds the share as `force` does.
  *
  * - Tokens are nanoseconds of device time the container may still use. They
  *   refill at share x wall time (whoever launches next claims the elapsed
@@ -63,6 +69,8 @@
 #define SM_TICK_NS 250000000LL                   /* occupancy correction period */
 #define SM_HISTORY 8                             /* ticks remembered (>= 1 s + 1 tick) */
 #define SM_NVML_WINDOW_NS 1000000000LL           /* what a process utilisation sample covers */
+#define SM_LOOK_NS 100000000LL                   /* `default`: look for other containers' work */
+#define SM_RECENT_US 400000ULL                   /* ... in samples no older than this */
 #define SM_NVML_RETRY_NS 10000000000LL           /* pid unknown to NVML: ask again after 10 s */
 #define SM_NVML_MAX_PROCS 64
 #define SM_FACTOR_MIN 0.5
@@ -77,6 +85,7 @@ struct sm_probe {
     CUevent start, end;
     CUcontext ctx;                               /* context the events were created in */
     int64_t charged_ns;
+    int billed;                                  /* 0: launched while alone, nothing to charge */
     int state;
 };
 
@@ -92,9 +101,13 @@ struct sm_local {
     double factor;                               /* charge = measured x factor */
     double baseline;                             /* NVML / measured while alone */
     int64_t measured_ns;                         /* cumulative raw measurements */
+    int64_t unmeasured;                          /* launches that went without events */
     int64_t next_tick_ns;
     int ticks;
-    struct { int64_t at, measured; } history[SM_HISTORY];
+    struct { int64_t at, measured, unmeasured; } history[SM_HISTORY];
+    /* `default` policy */
+    int alone;                                   /* no other container's work lately */
+    int64_t next_look_ns;
     int nvml_usable;
     int64_t nvml_retry_ns;
     nvmlDevice_t nvml_dev;
@@ -254,7 +267,8 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
             int64_t ns = (int64_t)((double)ms * 1e6);
             int64_t used = (int64_t)((double)ns * loc->factor);
             loc->measured_ns += ns;
-            sm_charge(st, used - p->charged_ns);
+            if (p->billed)
+                sm_charge(st, used - p->charged_ns);
             __atomic_add_fetch(&st->busy_ns, (uint64_t)used, __ATOMIC_RELAXED);
             struct hami_proc_slot *self = hami_slot_begin();
             if (self) {
@@ -366,7 +380,8 @@ static int sm_nvml_open(struct sm_local *loc, int64_t now)
         return 0;
     loc->nvml_pid = sm_nvml_pid(loc->nvml_dev);
     if (!loc->nvml_pid) {
-        hami_info("SM limit: this process's pid is unknown to NVML; launches are charged as measured");
+        hami_info("SM limit: this process's pid is unknown to NVML; launches are charged as measured "
+                  "and policy `default` holds the share as `force` does");
         return 0;
     }
     loc->nvml_usable = 1;
@@ -413,6 +428,7 @@ static void sm_correct(struct sm_local *loc, int64_t now)
     int slot = loc->ticks++ % SM_HISTORY;
     loc->history[slot].at = now;
     loc->history[slot].measured = loc->measured_ns;
+    loc->history[slot].unmeasured = loc->unmeasured;
     if (loc->ticks <= (int)(SM_NVML_WINDOW_NS / SM_TICK_NS) || !sm_nvml_open(loc, now))
         return;
     /* the remembered tick nearest one NVML window ago */
@@ -428,6 +444,7 @@ static void sm_correct(struct sm_local *loc, int64_t now)
     }
     int64_t span = now - loc->history[then].at;
     int64_t measured = loc->measured_ns - loc->history[then].measured;
+    int all_measured = loc->unmeasured == loc->history[then].unmeasured;
     if (span < SM_NVML_WINDOW_NS * 3 / 4 || span > SM_NVML_WINDOW_NS * 3 / 2 ||
         measured * 50 < span)                   /* under 2 %: too little to judge */
         return;
@@ -443,12 +460,48 @@ static void sm_correct(struct sm_local *loc, int64_t now)
     } else {
         /* waits behind our own container's kernels are rare (the shared bucket
          * spaces them) and are ours to pay: no correction */
-        if (company == SM_ALONE && ratio >= SM_FACTOR_MIN)
+        if (company == SM_ALONE && all_measured && ratio >= SM_FACTOR_MIN)
             loc->baseline += ((ratio > 1.0 ? 1.0 : ratio) - loc->baseline) / SM_SMOOTHING;
         loc->factor += (1.0 - loc->factor) / SM_SMOOTHING;
     }
     hami_debug("SM limit: NVML %d%%, measured %.1f%%, company %d, baseline %.3f, charge factor %.3f", util,
                100.0 * (double)measured / (double)span, company, loc->baseline, loc->factor);
+}
+
+/* `default` policy: has no process of another container used the device in
+ * the last SM_RECENT_US? Looked up every SM_LOOK_NS; unknown counts as no. */
+static int sm_look_alone(struct sm_local *loc, int64_t now)
+{
+    if (!sm_nvml_open(loc, now))
+        return 0;
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    unsigned long long since =
+        (unsigned long long)rt.tv_sec * 1000000ULL + (unsigned long long)rt.tv_nsec / 1000ULL - SM_RECENT_US;
+    nvmlProcessUtilizationSample_t samples[SM_NVML_MAX_PROCS];
+    unsigned int count = SM_NVML_MAX_PROCS;
+    nvmlReturn_t r = sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, since);
+    if (r == NVML_ERROR_NOT_FOUND)               /* no samples that recent: nobody busy */
+        return 1;
+    if (r != NVML_SUCCESS)
+        return 0;
+    for (unsigned int i = 0; i < count; i++)
+        if (samples[i].pid != loc->nvml_pid && samples[i].timeStamp > since && samples[i].smUtil > 0 &&
+            !hami_region_has_pid(samples[i].pid))
+            return 0;
+    return 1;
+}
+
+static int sm_alone(struct sm_local *loc, int64_t now)
+{
+    if (now < loc->next_look_ns)
+        return loc->alone;
+    loc->next_look_ns = now + SM_LOOK_NS;
+    int alone = sm_look_alone(loc, now);
+    if (alone != loc->alone)
+        hami_debug("SM limit: %s", alone ? "alone on the device: not held" : "other containers busy: held");
+    loc->alone = alone;
+    return alone;
 }
 
 /* ---- launch path ---- */
@@ -473,6 +526,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     struct sm_local *loc = &sm_local[dev];
 
     pthread_mutex_lock(&loc->lock);
+    int billed = 1;
     for (;;) {
         uint32_t share = sm_share(region, dev);
         if (!share) {                            /* limit lifted while running */
@@ -485,12 +539,17 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             sm_correct(loc, now);
         }
         sm_refill(st, share, now);
-        int64_t tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
         int window_open = sm_window_open(loc);
-        if (tokens > 0 && window_open)
+        /* alone, only the window applies: it bounds the work queued ahead, and
+         * so how long a neighbour's arrival takes to be felt */
+        int free_run = region->core_policy == HAMI_POLICY_DEFAULT && sm_alone(loc, now);
+        int64_t tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
+        if ((free_run || tokens > 0) && window_open) {
+            billed = !free_run;
             break;
+        }
         /* sleep until the deficit has refilled, or look again for a measurement */
-        int64_t wait = tokens > 0 ? SM_POLL_NS : -tokens / share * 100 + SM_SLEEP_MIN_NS;
+        int64_t wait = free_run || tokens > 0 ? SM_POLL_NS : -tokens / share * 100 + SM_SLEEP_MIN_NS;
         if (!window_open && wait > SM_POLL_NS)
             wait = SM_POLL_NS;
         pthread_mutex_unlock(&loc->lock);
@@ -498,7 +557,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         pthread_mutex_lock(&loc->lock);
     }
 
-    int64_t estimate = loc->estimate_ns;
+    int64_t estimate = billed ? loc->estimate_ns : 0;
     sm_charge(st, estimate);
     int idx = sm_events_ok ? sm_probe_get(loc) : -1;
     if (idx >= 0) {
@@ -506,6 +565,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         if (sm_drv.event_record(p->start, stream) == CUDA_SUCCESS) {
             p->state = PROBE_ARMED;
             p->charged_ns = estimate;
+            p->billed = billed;
             loc->in_use++;
             loc->tail++;
         } else {
@@ -516,6 +576,8 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             idx = -1;
         }
     }
+    if (idx < 0)
+        loc->unmeasured++;                       /* its time will be missing from measured_ns */
     /* The lock stays held through the driver's launch, until after_launch: no
      * other thread of this process can slip a launch between our events. */
     sm_armed_dev = dev;

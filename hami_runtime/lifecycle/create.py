@@ -152,7 +152,7 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
         # Only now the request model, NVML and the allocator are loaded.
         from . import allocator, requests
         from ..node import discovery_cache
-        request = requests.parse(annotations, env, cfg.env_requests)
+        request = requests.parse(annotations, env, cfg.env_requests, cfg.core_policy)
     else:
         request = None
     if request is None:

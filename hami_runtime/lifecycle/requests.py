@@ -154,11 +154,12 @@ def collect(annotations: Dict[str, str]) -> Dict[str, Tuple[str, str]]:
     return found
 
 
-def from_annotations(annotations: Dict[str, str]) -> Optional[GpuRequest]:
+def from_annotations(annotations: Dict[str, str], core_policy: str = "default") -> Optional[GpuRequest]:
     found = collect(annotations or {})
     if not any(k in found for k in REQUEST_KEYS):
         return None
-    args: dict = {"source": "annotations", "keys": {k: v for k, v in found.values()}}
+    args: dict = {"source": "annotations", "keys": {k: v for k, v in found.values()},
+                  "core_policy": core_policy}
     get = found.get
     if "gpumem" in found and "gpumem-percentage" in found:
         key, value = found["gpumem-percentage"]
@@ -212,12 +213,12 @@ def env_map(env: Iterable[str]) -> Dict[str, str]:
     return result
 
 
-def from_env(env: Dict[str, str]) -> Optional[GpuRequest]:
+def from_env(env: Dict[str, str], core_policy: str = "default") -> Optional[GpuRequest]:
     visible = env.get("NVIDIA_VISIBLE_DEVICES")
     has_limits = any(k in env for k in ENV_KEYS)
     if visible is None and not has_limits:
         return None
-    args: dict = {"source": "env",
+    args: dict = {"source": "env", "core_policy": core_policy,
                   "keys": {k: env[k] for k in ("NVIDIA_VISIBLE_DEVICES",) + ENV_KEYS if k in env}}
     text = (visible or "").strip(" ")
     if visible is not None and text.lower() in ("none", "void", ""):
@@ -260,10 +261,11 @@ def from_env(env: Dict[str, str]) -> Optional[GpuRequest]:
     return GpuRequest(**args)
 
 
-def parse(annotations: Dict[str, str], env: Iterable[str], env_requests: bool = True
-          ) -> Optional[GpuRequest]:
-    """Annotations win; env is read only when the operator allows env requests."""
-    request = from_annotations(annotations or {})
+def parse(annotations: Dict[str, str], env: Iterable[str], env_requests: bool = True,
+          core_policy: str = "default") -> Optional[GpuRequest]:
+    """Annotations win; env is read only when the operator allows env requests.
+    `core_policy` is the node's, for a request that names none."""
+    request = from_annotations(annotations or {}, core_policy)
     if request is not None or not env_requests:
         return request
-    return from_env(env_map(env))
+    return from_env(env_map(env), core_policy)

@@ -37,7 +37,8 @@ def launch_seconds(workdir: Path, **env) -> float:
 
 def test_sm_limit_slows_launches(tmp_path):
     unlimited = launch_seconds(tmp_path / "unlimited")
-    limited = launch_seconds(tmp_path / "limited", CUDA_DEVICE_SM_LIMIT=str(SM_LIMIT))
+    limited = launch_seconds(tmp_path / "limited", CUDA_DEVICE_SM_LIMIT=str(SM_LIMIT),
+                             GPU_CORE_UTILIZATION_POLICY="force")  # `default` would lend it the idle GPU
     busy = LAUNCHES * KERNEL_US / 1e6
     assert unlimited >= 0.8 * busy, f"{unlimited:.2f} s for {busy:.2f} s of kernels"
     # at a quarter of the SM the same work takes about four times as long: at least

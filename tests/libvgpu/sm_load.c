@@ -12,7 +12,8 @@
  * stream). The window starts at -s (an absolute CLOCK_MONOTONIC time, so that
  * processes started together measure the same seconds) or after -w seconds.
  * Output, one JSON line: {"completed": N, "seconds": T, "kernel_us": U,
- * "ready_s": when launching began relative to the window, "per_second": [...]}.
+ * "ready_s": when launching began relative to the window, "per_second": [...],
+ * "per_tenth": [...] (completions per 100 ms, for switching times)}.
  *
  * Built twice: linked to libcuda (libvgpu preloaded in front of it), and with
  * -DSM_HARNESS, where it calls the SM limiter directly (sm_harness.h) so the
@@ -78,6 +79,7 @@ struct launcher {
     pthread_t thread;
     long completed;
     long per_second[MAX_SECONDS];
+    long per_tenth[MAX_SECONDS * 10];
 };
 
 static CUresult launch_one(CUstream stream, void **params)
@@ -121,6 +123,7 @@ static void *launcher_run(void *arg)
             if (at >= cfg.window_start && at < cfg.window_end) {
                 me->completed++;
                 me->per_second[(at - cfg.window_start) / 1000000000LL]++;
+                me->per_tenth[(at - cfg.window_start) / 100000000LL]++;
             }
             retired++;
             continue;
@@ -214,19 +217,25 @@ int main(int argc, char **argv)
     for (int i = 0; i < nthreads; i++)
         if (pthread_create(&launchers[i].thread, NULL, launcher_run, &launchers[i]))
             die("pthread_create", CUDA_ERROR_OPERATING_SYSTEM);
-    long completed = 0, per_second[MAX_SECONDS] = {0};
-    int nsec = (int)(seconds + 0.999);
+    static long per_second[MAX_SECONDS], per_tenth[MAX_SECONDS * 10];
+    long completed = 0;
+    int nsec = (int)(seconds + 0.999), ntenth = (int)(seconds * 10 + 0.999);
     for (int i = 0; i < nthreads; i++) {
         pthread_join(launchers[i].thread, NULL);
         completed += launchers[i].completed;
         for (int s = 0; s < nsec; s++)
             per_second[s] += launchers[i].per_second[s];
+        for (int s = 0; s < ntenth; s++)
+            per_tenth[s] += launchers[i].per_tenth[s];
     }
 
     printf("{\"completed\": %ld, \"seconds\": %g, \"kernel_us\": %llu, \"ready_s\": %.3f, "
            "\"per_second\": [", completed, seconds, cfg.kernel_us, ready_s);
     for (int i = 0; i < nsec; i++)
         printf("%s%ld", i ? ", " : "", per_second[i]);
+    printf("], \"per_tenth\": [");
+    for (int i = 0; i < ntenth; i++)
+        printf("%s%ld", i ? ", " : "", per_tenth[i]);
     printf("]}\n");
     return 0;
 }

@@ -19,6 +19,7 @@ split_count = 4
 memory_scaling = 1.5
 default_memory_mib = 1024
 default_cores = 20
+core_policy = "force"
 policy = "spread"
 driver_root = "/"
 dev_root = "/dev"
@@ -42,6 +43,7 @@ def test_full_config(tmp_path, monkeypatch):
     path.write_text(FULL)
     cfg = config.load(str(path))
     assert cfg.split_count == 4 and cfg.memory_scaling == 1.5 and cfg.policy == "spread"
+    assert cfg.core_policy == "force"
     assert cfg.env_requests is False and cfg.extra_env == {"FOO": "bar"}
     assert cfg.extra_mounts == [config.ExtraMount("/srv/a", "/a", True)]
     import tomllib
@@ -53,6 +55,7 @@ def test_defaults(monkeypatch):
     monkeypatch.setattr(config, "DEFAULT_PATH", "/nonexistent/hami.toml")
     cfg = config.load("/nonexistent/hami.toml")
     assert cfg.split_count == 10 and cfg.memory_scaling == 1.0 and cfg.policy == "binpack"
+    assert cfg.core_policy == "default"
 
 
 @pytest.mark.parametrize("text,key", [
@@ -64,6 +67,7 @@ def test_defaults(monkeypatch):
     ("runtime = []", "config runtime"),
     ("colour = \"blue\"", "config colour"),
     ("default_cores = 101", "config default_cores"),
+    ("core_policy = \"sometimes\"", "config core_policy"),
     ("env_requests = \"yes\"", "config env_requests"),
     ("log_level = \"loud\"", "config log_level"),
     ("[extra_env]\n\"1BAD\" = \"x\"", "config extra_env.1BAD"),

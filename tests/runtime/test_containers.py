@@ -121,3 +121,15 @@ def test_runtime_log_file(node):
     text = log.read_text()
     assert "logged: allocated GPU 0 3000MiB 30%" in text
     assert "unlogged: no GPU request, passed through" in text
+
+
+@pytest.mark.parametrize("annotations,policy", [
+    (GPU, "force"),                                          # the node's
+    ({**GPU, "hami.io/core-policy": "disable"}, "disable"),  # the request's
+])
+def test_node_core_policy_unless_the_request_names_one(node, annotations, policy):
+    node.write_config(core_policy="force")
+    bundle = node.bundle("pol", annotations, args=("env",))
+    proc = node.runtime("run", "--bundle", str(bundle), "pol")
+    assert proc.returncode == 0, proc.stderr
+    assert f"GPU_CORE_UTILIZATION_POLICY={policy}" in proc.stdout.splitlines()

@@ -65,6 +65,15 @@ def test_parses(annotations, env, expected):
         assert got == value, name
 
 
+@pytest.mark.parametrize("annotations,env,expected", [
+    ({"hami.io/gpu": "1"}, [], "force"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=all"], "force"),
+    ({"hami.io/gpu": "1", "hami.io/core-policy": "default"}, [], "default"),
+])
+def test_the_node_core_policy_applies_where_the_request_names_none(annotations, env, expected):
+    assert parse(annotations, env, core_policy="force").core_policy == expected
+
+
 def test_env_requests_can_be_turned_off():
     assert parse({}, ["NVIDIA_VISIBLE_DEVICES=all"], env_requests=False) is None
     assert parse({"hami.io/gpu": "1"}, [], env_requests=False).count == 1
