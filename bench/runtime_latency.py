@@ -163,7 +163,7 @@ def main() -> int:
             "cycle": "`create` + `start` + `delete`, GPU request",
         }
         print(f"runtime latency, {n} iterations each, alternating runc / hami-runtime "
-              f"({HAMI[0]}; {os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
+              f"({os.path.relpath(HAMI[0], ROOT)}; {os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
               f"{os.getloadavg()[0]:.2f} after)\n")
         print("| operation | runc median ms | hami median ms | runc p90 ms | hami p90 ms | added ms (median) "
               "| added ms (mean) | ratio | runc CPU ms | hami CPU ms | added CPU ms |")
