@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from . import fastjson as json
-from .files import atomic_write, read_state_file
+from .files import atomic_write, file_key, read_state_file  # noqa: F401 (file_key: what entries are keyed by)
 
 CACHE_DIR = "cache"
 CONFIG_FILE = "config.json"
@@ -25,10 +25,6 @@ VERSION = 1
 LIMIT = 256 * 1024  # as the launcher's config limit
 DEFAULT_STATE_DIR = "/run/hami"
 SETTLED_NS = 2_000_000_000  # a file changed more recently than this is not kept
-
-
-def file_key(path: str, st) -> list:
-    return [path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def state_dir_hint(text: bytes) -> str:

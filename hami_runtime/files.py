@@ -39,6 +39,11 @@ def open_state_file(path: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> i
     return fd
 
 
+def file_key(path: str, st) -> list:
+    """What changes when the file at `path` (stat `st`) is replaced or rewritten."""
+    return [path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
 def read_state_file(path: str, limit: int) -> bytes:
     """The bytes of a state file (see open_state_file), at most `limit` of them."""
     fd = open_state_file(path)

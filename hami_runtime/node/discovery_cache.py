@@ -16,7 +16,8 @@ import os
 import time
 
 from .. import fastjson as json
-from ..files import atomic_write, sha256_hex
+from ..errors import HamiError
+from ..files import atomic_write, file_key, read_state_file, sha256_hex
 from . import discovery
 from .gpu import GpuInfo
 
@@ -29,15 +30,15 @@ HOST_LD_CACHE = "/etc/ld.so.cache"
 KERNEL_GPUS = "/proc/driver/nvidia/gpus"
 GPU_FIELDS = ("index", "uuid", "model", "memory_mib", "minor")
 STALE_TEMP_S = 60
+MAX_ENTRY_BYTES = 4 << 20
 
 
 def _file_id(path: str):
     """What changes when the file is replaced or rewritten; None when absent."""
     try:
-        st = os.stat(path)
+        return file_key(os.path.realpath(path), os.stat(path))
     except OSError:
         return None
-    return [os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _boot_id() -> Optional[str]:
@@ -102,10 +103,10 @@ def _path(cfg, name: str) -> str:
 
 
 def _read(path: str) -> Optional[dict]:
+    """An entry, read as the state file it is (no link followed, no FIFO waited on)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
+        data = json.loads(read_state_file(path, MAX_ENTRY_BYTES))
+    except (HamiError, OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("key"), dict) else None
 

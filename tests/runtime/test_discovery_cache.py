@@ -66,7 +66,16 @@ CHANGES = {
     "cache file damaged": lambda node: cache_file(node).write_text('{"key": {}, "value": [1'),
     "cache value foreign": lambda node: cache_file(node).write_text(json.dumps(
         {**json.loads(cache_file(node).read_text()), "value": [{"index": "0"}]})),
+    # cache files are state files: never opened through a link, never blocking
+    "cache file a FIFO": lambda node: _replace(cache_file(node), os.mkfifo),
+    "cache file a link to /dev/zero": lambda node: _replace(cache_file(node),
+                                                            lambda p: os.symlink("/dev/zero", p)),
 }
+
+
+def _replace(path, make):
+    path.unlink()
+    make(path)
 
 
 @pytest.mark.parametrize("change", CHANGES, ids=list(CHANGES))
