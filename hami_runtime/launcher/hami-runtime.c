@@ -262,10 +262,7 @@ int main(int argc, char **argv)
         const char *runtime = find_runtime();
         if (!runtime)
             run_python(argv);
-        char *self = argv[0];
-        int rc = delete_then_release(runtime, argv);
-        argv[0] = self;
-        return rc;
+        return delete_then_release(runtime, argv);
     }
     if (cmd && (!strcmp(cmd, "create") || !strcmp(cmd, "run"))) {
         char exe[PATH_MAX];
@@ -274,28 +271,11 @@ int main(int argc, char **argv)
         run_python(argv);
     }
 
-    static char cands[MAX_CANDIDATES][PATH_MAX];
-    int count = 0;
-    int found = config_runtimes(cands, &count);
-    if (found < 0)
-        run_python(argv);
-    if (found == 1)
-        for (count = 0; default_runtimes[count]; count++)
-            snprintf(cands[count], PATH_MAX, "%s", default_runtimes[count]);
-
-    char self[PATH_MAX], real[PATH_MAX];
-    if (!realpath("/proc/self/exe", self))
-        run_python(argv);
-    for (int i = 0; i < count; i++) {
-        struct stat st;
-        if (stat(cands[i], &st) != 0 || !S_ISREG(st.st_mode) || access(cands[i], X_OK) != 0)
-            continue;
-        if (!realpath(cands[i], real) || strcmp(real, self) == 0)
-            run_python(argv); /* Python refuses it with the usual message */
-        argv[0] = cands[i];
-        execv(cands[i], argv);
-        run_python(argv);
+    const char *runtime = find_runtime();
+    if (runtime) {
+        argv[0] = (char *)runtime;
+        execv(runtime, argv);
     }
-    run_python(argv); /* no runtime: Python reports it */
+    run_python(argv); /* no runtime, or not one to exec: Python reports it */
     return 1;
 }
