@@ -16,6 +16,7 @@ from .chars import env_name
 from .errors import HamiError
 
 DEFAULT_PATH = "/etc/hami/config.toml"
+CORE_POLICIES = ("default", "force", "disable")  # GPU_CORE_UTILIZATION_POLICY values
 DEFAULT_RUNTIMES = ["/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc"]
 
 
@@ -164,7 +165,7 @@ VALIDATORS = {
     "memory_scaling": _scaling,
     "default_memory_mib": lambda k, v: _int(k, v, 0, 1 << 30),
     "default_cores": lambda k, v: _int(k, v, 0, 100),
-    "core_policy": lambda k, v: _choice(k, v, ("default", "force", "disable")),
+    "core_policy": lambda k, v: _choice(k, v, CORE_POLICIES),
     "policy": lambda k, v: _choice(k, v, ("binpack", "spread")),
     "driver_root": _abs_path,
     "dev_root": _abs_path,

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
 from ..chars import gpu_uuid, number as digits
+from ..config import CORE_POLICIES
 from ..errors import HamiError
 
 from .request_keys import ENV_KEYS, KEYS, PREFIXES, REQUEST_KEYS
 
 MAX_GPUS = 16
-CORE_POLICIES = ("default", "force", "disable")
 
 
 class AssignedDevice(namedtuple("AssignedDevice", "uuid mem_mib cores")):

@@ -38,6 +38,7 @@ import time
 
 from .. import fastjson as json
 from ..chars import gpu_uuid, root_key as root_key_ok
+from ..config import CORE_POLICIES
 from ..errors import HamiError
 from ..files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
 from ..ids import check_container_id
@@ -53,7 +54,6 @@ MAX_STATE_BYTES = 16 << 20
 MAX_SMALL_FILE = 64 << 10
 MAX_DEVICES = 16
 MAX_MEM_MIB = 1 << 30
-CORE_POLICIES = ("default", "force", "disable")
 
 
 def root_key(runc_root: str) -> str:
