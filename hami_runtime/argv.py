@@ -25,9 +25,9 @@ DEFAULT_ROOT = "/run/runc"
 class Invocation:
     """One command line, parsed (a plain class: dataclasses would load inspect)."""
 
-    def __init__(self, argv: List[str], global_flags: Optional[Dict[str, str]] = None,
-                 command: Optional[str] = None, command_flags: Optional[Dict[str, str]] = None,
-                 positional: Optional[List[str]] = None):
+    def __init__(self, argv: list[str], global_flags: dict[str, str] | None = None,
+                 command: str | None = None, command_flags: dict[str, str] | None = None,
+                 positional: list[str] | None = None):
         self.argv = argv                                  # everything after the program name
         self.global_flags = {} if global_flags is None else global_flags
         self.command = command
@@ -51,7 +51,7 @@ class Invocation:
         return os.path.abspath(self.global_flags.get("root") or DEFAULT_ROOT)
 
     @property
-    def log_path(self) -> Optional[str]:
+    def log_path(self) -> str | None:
         return self.global_flags.get("log") or None
 
     @property
@@ -59,7 +59,7 @@ class Invocation:
         return self.global_flags.get("log-format") or "text"
 
     @property
-    def container_id(self) -> Optional[str]:
+    def container_id(self) -> str | None:
         return self.positional[0] if self.positional else None
 
     @property
@@ -79,7 +79,7 @@ def _split_flag(arg: str):
     return name, (value if eq else None)
 
 
-def _flag_value(argv: List[str], i: int, name: str, value: Optional[str]):
+def _flag_value(argv: list[str], i: int, name: str, value: str | None):
     """The value of the value-taking flag at argv[i], inline ('--a=b') or the
     next argument; returns it with the index of the last argument it used."""
     if value is not None:
@@ -89,7 +89,7 @@ def _flag_value(argv: List[str], i: int, name: str, value: Optional[str]):
     return argv[i + 1], i + 1
 
 
-def parse(argv: List[str]) -> Invocation:
+def parse(argv: list[str]) -> Invocation:
     """Parse runc's argv (without the program name). Only the global flags and
     the flags of create/run/delete are understood; the rest is kept verbatim."""
     inv = Invocation(argv=list(argv))

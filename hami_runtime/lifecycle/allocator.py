@@ -7,6 +7,10 @@ from collections import namedtuple  # not typing.NamedTuple: importing typing co
 from ..errors import HamiError
 from ..node.gpu import GpuInfo
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
 # Named tuples and a plain class, not dataclasses: this is the create path,
 # and dataclasses loads inspect.
 
@@ -47,9 +51,9 @@ def capacity(gpu: GpuInfo, split_count: int, memory_scaling: float) -> Capacity:
     return Capacity(slots=split_count, mem_mib=int(gpu.memory_mib * memory_scaling))
 
 
-def usage(entries: Iterable[Mapping]) -> Dict[str, Usage]:
+def usage(entries: Iterable[Mapping]) -> dict[str, Usage]:
     """Per GPU UUID: what the given allocation entries hold."""
-    used: Dict[str, Usage] = {}
+    used: dict[str, Usage] = {}
     for entry in entries:
         for device in entry.get("devices", ()):
             u = used.setdefault(device["uuid"], Usage())
@@ -59,13 +63,13 @@ def usage(entries: Iterable[Mapping]) -> Dict[str, Usage]:
     return used
 
 
-def blocked(invalid: Mapping[str, Mapping], entries: Iterable[Mapping], gpus: List[GpuInfo],
-            caps: Mapping[str, Capacity]) -> Dict[str, str]:
+def blocked(invalid: Mapping[str, Mapping], entries: Iterable[Mapping], gpus: list[GpuInfo],
+            caps: Mapping[str, Capacity]) -> dict[str, str]:
     """GPU UUID -> why no new allocation may go there: an invalid state entry
     names it (one that names no GPU readably blocks them all), or a valid
     entry claims more of it than it has. Nothing invalid counts as free."""
     known = {g.uuid for g in gpus}
-    found: Dict[str, str] = {}
+    found: dict[str, str] = {}
     for name, bad in sorted(invalid.items()):
         why = f"invalid state entry {name!r} ({bad.get('reason')}): run hamictl doctor"
         entry = bad.get("entry")
@@ -124,9 +128,9 @@ def _room(cap: Capacity, used: Usage, mem_mib: int, cores: int, block: str = "")
     return ""
 
 
-def allocate(request, gpus: List[GpuInfo], entries: Iterable[Mapping], *, split_count: int,
+def allocate(request, gpus: list[GpuInfo], entries: Iterable[Mapping], *, split_count: int,
              memory_scaling: float, default_memory_mib: int = 0, default_cores: int = 0,
-             policy: str = "binpack", invalid: Mapping[str, Mapping] = {}) -> List[Grant]:
+             policy: str = "binpack", invalid: Mapping[str, Mapping] = {}) -> list[Grant]:
     entries = list(entries)
     used = usage(entries)
     by_uuid = {g.uuid: g for g in gpus}

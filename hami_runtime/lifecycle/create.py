@@ -29,11 +29,11 @@ IDENTITY_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-na
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8"]
 
 
-def identity(annotations: Dict[str, str]) -> Dict[str, str]:
+def identity(annotations: dict[str, str]) -> dict[str, str]:
     return {k: annotations[k] for k in IDENTITY_KEYS if k in annotations}
 
 
-def device_majors(cfg: Config) -> Dict[str, int]:
+def device_majors(cfg: Config) -> dict[str, int]:
     from ..node import discovery
     majors = discovery.read_majors(cfg.proc_devices)
     # A node that exists under the dev root is the truth for its major.
@@ -67,7 +67,7 @@ def usable_launcher(path) -> bool:
             and st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022)
 
 
-def create_hook_argv(cfg: Config, launcher, runc_root: str) -> List[str]:
+def create_hook_argv(cfg: Config, launcher, runc_root: str) -> list[str]:
     """The hooks through the launcher's C hook (no interpreter start inside
     runc's create and delete), unless the config names its own hook command."""
     if cfg.hook_command or not usable_launcher(launcher):
@@ -76,7 +76,7 @@ def create_hook_argv(cfg: Config, launcher, runc_root: str) -> List[str]:
     return [launcher, "hami-hook", "--state-dir", cfg.state_dir, "--root-key", root_key(runc_root)]
 
 
-def hook_argv(cfg: Config, runc_root: str) -> List[str]:
+def hook_argv(cfg: Config, runc_root: str) -> list[str]:
     # the directory that holds the hami_runtime and hami_hook packages
     where = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base = list(cfg.hook_command) or [sys.executable, "-S", "-I", "-c", HOOK_CODE.format(where=where)]

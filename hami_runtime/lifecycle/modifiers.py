@@ -10,6 +10,10 @@ from collections import namedtuple  # not typing.NamedTuple: importing typing co
 
 from .. import fastjson as json
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
 VGPU_DIR = "/usr/local/vgpu"
 LIBVGPU_PATH = f"{VGPU_DIR}/libvgpu.so"
 REGION_DIR = f"{VGPU_DIR}/shared"
@@ -31,7 +35,7 @@ class Mount(namedtuple("Mount", "source destination options")):
     __slots__ = ()
     source: str
     destination: str
-    options: Tuple[str, ...]
+    options: tuple[str, ...]
 
 
 class Injection:
@@ -70,7 +74,7 @@ class Injection:
         return "Injection(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS) + ")"
 
 
-def device_nodes(minors: Sequence[int], majors: Dict[str, int]) -> List[DeviceNode]:
+def device_nodes(minors: Sequence[int], majors: dict[str, int]) -> list[DeviceNode]:
     """/dev/nvidiaN for the allocated GPUs, the control node, and UVM when the
     driver registered it."""
     frontend = majors.get("nvidia-frontend", majors.get("nvidia", NVIDIA_MAJOR))
@@ -161,7 +165,7 @@ def mark_allocation(spec: dict, inj: Injection) -> dict:
     return spec
 
 
-MODIFIERS: Tuple[Callable[[dict, Injection], dict], ...] = (
+MODIFIERS: tuple[Callable[[dict, Injection], dict], ...] = (
     add_device_nodes, allow_device_access, add_mounts, set_env, add_hooks, mark_allocation)
 
 

@@ -2,6 +2,10 @@
 spec without any of them passes through without loading the request model."""
 from __future__ import annotations
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 
 PREFIXES = ("hami.io/", "nvidia.com/")
 KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu-uuid",
@@ -18,11 +22,11 @@ SANDBOX_MARKERS = (("io.kubernetes.cri.container-type", "sandbox"),
                    ("io.kubernetes.cri-o.ContainerType", "sandbox"))
 
 
-def is_pod_sandbox(annotations: Dict[str, str]) -> bool:
+def is_pod_sandbox(annotations: dict[str, str]) -> bool:
     return any((annotations or {}).get(key) == value for key, value in SANDBOX_MARKERS)
 
 
-def mentions_request(annotations: Dict[str, str], env: Iterable[str], env_requests: bool) -> bool:
+def mentions_request(annotations: dict[str, str], env: Iterable[str], env_requests: bool) -> bool:
     """False only when no request key is present at all (a cheap superset test),
     or for a pod's sandbox container."""
     if is_pod_sandbox(annotations):
@@ -37,7 +41,7 @@ def mentions_request(annotations: Dict[str, str], env: Iterable[str], env_reques
     return False
 
 
-def mentioned_keys(annotations: Dict[str, str], env: Iterable[str], env_requests: bool) -> list:
+def mentioned_keys(annotations: dict[str, str], env: Iterable[str], env_requests: bool) -> list:
     """The request keys present (for the log line of a container that asks for nothing)."""
     found = [k for k in sorted(annotations or {})
              if any(k.startswith(p) and k[len(p):] in KEYS for p in PREFIXES)]

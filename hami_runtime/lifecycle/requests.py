@@ -11,6 +11,10 @@ from ..errors import HamiError
 
 from .request_keys import ENV_KEYS, KEYS, PREFIXES, REQUEST_KEYS
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 MAX_GPUS = 16
 
 
@@ -89,7 +93,7 @@ def _items(value: str):
     return tuple(item.strip(" ") for item in value.split(",") if item.strip(" "))
 
 
-def uuid_list(key: str, value: str) -> Tuple[str, ...]:
+def uuid_list(key: str, value: str) -> tuple[str, ...]:
     items = _items(value)
     if not items:
         raise HamiError(key, value, "empty list of UUIDs")
@@ -99,7 +103,7 @@ def uuid_list(key: str, value: str) -> Tuple[str, ...]:
     return items
 
 
-def type_list(key: str, value: str) -> Tuple[str, ...]:
+def type_list(key: str, value: str) -> tuple[str, ...]:
     items = tuple(item.lower() for item in _items(value))
     if not items:
         raise HamiError(key, value, "empty list of GPU types")
@@ -109,7 +113,7 @@ def type_list(key: str, value: str) -> Tuple[str, ...]:
     return items
 
 
-def parse_assigned(key: str, value: str) -> Tuple[AssignedDevice, ...]:
+def parse_assigned(key: str, value: str) -> tuple[AssignedDevice, ...]:
     """HAMi's decision: 'UUID,NVIDIA,<MiB>,<cores>:' per device, ';' per container.
     Only a single-container decision can be matched to this container."""
     containers = value.split(";")
@@ -137,9 +141,9 @@ def parse_assigned(key: str, value: str) -> Tuple[AssignedDevice, ...]:
     return tuple(devices)
 
 
-def collect(annotations: Dict[str, str]) -> Dict[str, Tuple[str, str]]:
+def collect(annotations: dict[str, str]) -> dict[str, tuple[str, str]]:
     """short key -> (full key, value); hami.io/ and nvidia.com/ spellings must agree."""
-    found: Dict[str, Tuple[str, str]] = {}
+    found: dict[str, tuple[str, str]] = {}
     for key in sorted(annotations):
         for prefix in PREFIXES:
             short = key[len(prefix):]
@@ -154,7 +158,7 @@ def collect(annotations: Dict[str, str]) -> Dict[str, Tuple[str, str]]:
     return found
 
 
-def from_annotations(annotations: Dict[str, str], core_policy: str = "default") -> Optional[GpuRequest]:
+def from_annotations(annotations: dict[str, str], core_policy: str = "default") -> GpuRequest | None:
     found = collect(annotations or {})
     if not any(k in found for k in REQUEST_KEYS):
         return None
@@ -204,8 +208,8 @@ def from_annotations(annotations: Dict[str, str], core_policy: str = "default") 
     return GpuRequest(**args)
 
 
-def env_map(env: Iterable[str]) -> Dict[str, str]:
-    result: Dict[str, str] = {}
+def env_map(env: Iterable[str]) -> dict[str, str]:
+    result: dict[str, str] = {}
     for item in env or ():
         name, eq, value = item.partition("=")
         if eq and name not in result:
@@ -213,7 +217,7 @@ def env_map(env: Iterable[str]) -> Dict[str, str]:
     return result
 
 
-def from_env(env: Dict[str, str], core_policy: str = "default") -> Optional[GpuRequest]:
+def from_env(env: dict[str, str], core_policy: str = "default") -> GpuRequest | None:
     visible = env.get("NVIDIA_VISIBLE_DEVICES")
     has_limits = any(k in env for k in ENV_KEYS)
     if visible is None and not has_limits:
@@ -230,8 +234,8 @@ def from_env(env: Dict[str, str], core_policy: str = "default") -> Optional[GpuR
         args["count"] = None
     elif text:
         items = list(_items(text))
-        indices: List[int] = []
-        uuids: List[str] = []
+        indices: list[int] = []
+        uuids: list[str] = []
         for item in items:
             if item.isdigit():
                 indices.append(number("NVIDIA_VISIBLE_DEVICES", item, 0, 1023))
@@ -261,8 +265,8 @@ def from_env(env: Dict[str, str], core_policy: str = "default") -> Optional[GpuR
     return GpuRequest(**args)
 
 
-def parse(annotations: Dict[str, str], env: Iterable[str], env_requests: bool = True,
-          core_policy: str = "default") -> Optional[GpuRequest]:
+def parse(annotations: dict[str, str], env: Iterable[str], env_requests: bool = True,
+          core_policy: str = "default") -> GpuRequest | None:
     """Annotations win; env is read only when the operator allows env requests.
     `core_policy` is the node's, for a request that names none."""
     request = from_annotations(annotations or {}, core_policy)

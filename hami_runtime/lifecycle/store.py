@@ -43,6 +43,10 @@ from ..errors import HamiError
 from ..files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
 from ..ids import check_container_id
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 VERSION = 2
 STATE_FILE = "allocations.json"
 LOCK_FILE = "allocations.lock"
@@ -65,7 +69,7 @@ def alloc_name(runc_root: str, cid: str) -> str:
     return f"{check_container_id(cid)}@{root_key(runc_root)}"
 
 
-def check_name(name) -> Tuple[str, str]:
+def check_name(name) -> tuple[str, str]:
     """(container id, root key) of a well-formed allocation name."""
     cid, at, key = name.rpartition("@") if isinstance(name, str) else ("", "", "")
     if not at or not root_key_ok(key):
@@ -141,7 +145,7 @@ def entry_problem(name, entry) -> str:
     return ""
 
 
-def subdir_fd(state_dir: str, sub: str, create: bool = False) -> Optional[int]:
+def subdir_fd(state_dir: str, sub: str, create: bool = False) -> int | None:
     """An fd on containers/ or private/, None when absent; a symlink there is refused."""
     path = os.path.join(state_dir, sub)
     if create:
@@ -173,7 +177,7 @@ def remove_at(dir_fd: int, name: str) -> None:
             os.unlink(name, dir_fd=dir_fd)
 
 
-def make_dirs(state_dir: str, name: str) -> Tuple[str, str]:
+def make_dirs(state_dir: str, name: str) -> tuple[str, str]:
     """Fresh containers/<name>/ and private/<name>/ (whatever was there goes)."""
     check_name(name)
     paths = []
@@ -266,7 +270,7 @@ def _marker_of(bundle: str):
         return None
 
 
-def rebuild(state_dir: str) -> Dict[str, dict]:
+def rebuild(state_dir: str) -> dict[str, dict]:
     """Allocations of the live GPU containers, read back from their bundles.
     Only containers that have our host-side private dir count, so an
     annotation a user wrote cannot claim a GPU."""
@@ -277,7 +281,7 @@ def rebuild(state_dir: str) -> Dict[str, dict]:
         names = sorted(os.listdir(fd))
     finally:
         os.close(fd)
-    found: Dict[str, dict] = {}
+    found: dict[str, dict] = {}
     for name in names:
         owner = read_json(os.path.join(state_dir, "private", name, OWNER_FILE))
         if not isinstance(owner, dict):
@@ -309,7 +313,7 @@ def rebuild(state_dir: str) -> Dict[str, dict]:
 
 
 class State:
-    def __init__(self, state_dir: str, allocations: Dict[str, dict], invalid: Dict[str, dict]):
+    def __init__(self, state_dir: str, allocations: dict[str, dict], invalid: dict[str, dict]):
         self.state_dir = state_dir
         self.allocations = allocations
         self.invalid = invalid          # name -> {"entry": as found, "reason": why}
@@ -359,7 +363,7 @@ class State:
         return data
 
 
-def parse_state(data) -> Optional[Tuple[Dict[str, dict], Dict[str, dict]]]:
+def parse_state(data) -> tuple[dict[str, dict], dict[str, dict]] | None:
     """(valid entries, invalid ones with the reason), None for a file that is
     not a state file at all."""
     if not isinstance(data, dict) or data.get("version") != VERSION:
@@ -367,8 +371,8 @@ def parse_state(data) -> Optional[Tuple[Dict[str, dict], Dict[str, dict]]]:
     allocations, invalid = data.get("allocations"), data.get("invalid", {})
     if not isinstance(allocations, dict) or not isinstance(invalid, dict):
         return None
-    good: Dict[str, dict] = {}
-    bad: Dict[str, dict] = {}
+    good: dict[str, dict] = {}
+    bad: dict[str, dict] = {}
     for name, entry in allocations.items():
         why = entry_problem(name, entry)
         if why:
@@ -383,7 +387,7 @@ def parse_state(data) -> Optional[Tuple[Dict[str, dict], Dict[str, dict]]]:
     return good, bad
 
 
-def _load(state_dir: str) -> Tuple[Dict[str, dict], Dict[str, dict]]:
+def _load(state_dir: str) -> tuple[dict[str, dict], dict[str, dict]]:
     path = os.path.join(state_dir, STATE_FILE)
     try:
         raw = read_state_file(path, MAX_STATE_BYTES)

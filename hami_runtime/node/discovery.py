@@ -23,7 +23,7 @@ class DriverFile(namedtuple("DriverFile", "host_path container_path")):
     container_path: str  # where the cache lists it (root removed)
 
 
-def load_gpus(nvml_library: str = "") -> List[GpuInfo]:
+def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
     import ctypes  # here: a create that finds the discovery cache needs neither
     import pynvml
     if nvml_library:
@@ -58,9 +58,9 @@ def load_gpus(nvml_library: str = "") -> List[GpuInfo]:
             pass
 
 
-def parse_proc_devices(text: str) -> Dict[str, int]:
+def parse_proc_devices(text: str) -> dict[str, int]:
     """Character device majors by name."""
-    majors: Dict[str, int] = {}
+    majors: dict[str, int] = {}
     in_char = False
     for line in text.splitlines():
         if line.strip().endswith("devices:"):
@@ -72,7 +72,7 @@ def parse_proc_devices(text: str) -> Dict[str, int]:
     return majors
 
 
-def read_majors(path: str) -> Dict[str, int]:
+def read_majors(path: str) -> dict[str, int]:
     try:
         with open(path, encoding="utf-8") as handle:
             return parse_proc_devices(handle.read())
@@ -80,7 +80,7 @@ def read_majors(path: str) -> Dict[str, int]:
         raise HamiError("config proc_devices", path, f"cannot read: {exc.strerror}") from None
 
 
-def parse_ld_cache(output: str) -> List[Tuple[str, str, str]]:
+def parse_ld_cache(output: str) -> list[tuple[str, str, str]]:
     """`ldconfig -p` lines -> (soname, flags, path)."""
     import re
     entries = []
@@ -91,9 +91,9 @@ def parse_ld_cache(output: str) -> List[Tuple[str, str, str]]:
     return entries
 
 
-def select_driver_libs(entries, root: str) -> List[DriverFile]:
+def select_driver_libs(entries, root: str) -> list[DriverFile]:
     """64-bit driver libraries of the cache, mapped to files under the root."""
-    chosen: Dict[str, DriverFile] = {}
+    chosen: dict[str, DriverFile] = {}
     for soname, flags, path in entries:
         if not soname.startswith(DRIVER_LIB_PREFIXES) or "64" not in flags:
             continue  # not the driver's, or a 32-bit copy
@@ -108,7 +108,7 @@ def select_driver_libs(entries, root: str) -> List[DriverFile]:
     return list(chosen.values())
 
 
-def driver_files(root: str) -> List[DriverFile]:
+def driver_files(root: str) -> list[DriverFile]:
     cache = os.path.join(root, "etc", "ld.so.cache")
     ldconfig = next((p for p in LDCONFIG if os.access(p, os.X_OK)), None)
     if ldconfig is None:

@@ -41,7 +41,7 @@ def _file_id(path: str):
         return None
 
 
-def _boot_id() -> Optional[str]:
+def _boot_id() -> str | None:
     try:
         with open(BOOT_ID, encoding="ascii") as handle:
             return handle.read().strip() or None
@@ -102,7 +102,7 @@ def _path(cfg, name: str) -> str:
     return os.path.join(cfg.state_dir, CACHE_DIR, name)
 
 
-def _read(path: str) -> Optional[dict]:
+def _read(path: str) -> dict | None:
     """An entry, read as the state file it is (no link followed, no FIFO waited on)."""
     try:
         data = json.loads(read_state_file(path, MAX_ENTRY_BYTES))
@@ -135,7 +135,7 @@ def _write(cfg, name: str, key: dict, value) -> None:
         pass
 
 
-def _loaded_nvml() -> Optional[str]:
+def _loaded_nvml() -> str | None:
     """The NVML library this process mapped (the loader's choice for the soname)."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
@@ -148,7 +148,7 @@ def _loaded_nvml() -> Optional[str]:
     return None
 
 
-def _gpus_from(value) -> Optional[List[GpuInfo]]:
+def _gpus_from(value) -> list[GpuInfo] | None:
     if not isinstance(value, list):
         return None
     gpus = []
@@ -162,7 +162,7 @@ def _gpus_from(value) -> Optional[List[GpuInfo]]:
     return gpus
 
 
-def gpus(cfg) -> List[GpuInfo]:
+def gpus(cfg) -> list[GpuInfo]:
     """discovery.load_gpus, from the cache while its key holds."""
     cached = _read(_path(cfg, GPUS_FILE))
     if cached is not None:
@@ -183,7 +183,7 @@ def gpus(cfg) -> List[GpuInfo]:
     return found
 
 
-def driver_files(cfg) -> List[discovery.DriverFile]:
+def driver_files(cfg) -> list[discovery.DriverFile]:
     """discovery.driver_files, from the cache while its key holds and every
     listed file is still there."""
     cached = _read(_path(cfg, DRIVER_FILES_FILE))

@@ -24,6 +24,7 @@ from collections import namedtuple  # not typing.NamedTuple: importing typing co
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
 
@@ -43,7 +44,7 @@ class RegionError(Exception):
     """A region file that cannot be used (missing, truncated, foreign, wrong version)."""
 
 
-def _header_candidates() -> List[str]:
+def _header_candidates() -> list[str]:
     env = os.environ.get("HAMI_REGION_HEADER")
     candidates = [env] if env else []
     tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
@@ -53,7 +54,7 @@ def _header_candidates() -> List[str]:
     return candidates
 
 
-def header_candidates() -> List[Path]:
+def header_candidates() -> list[Path]:
     return [Path(c) for c in _header_candidates()]
 
 
@@ -195,7 +196,7 @@ class ProcessUsage(namedtuple("ProcessUsage", "slot pid host_pid started_ns devi
     def mem_used(self) -> int:
         return sum(d.mem_used for d in self.devices)
 
-    def alive(self, proc_root: str = "/proc") -> Optional[bool]:
+    def alive(self, proc_root: str = "/proc") -> bool | None:
         """Whether the slot's process still runs, as the host can tell: by its host
         pid and start time (None when the host pid is not known)."""
         if self.host_pid <= 0:
@@ -204,7 +205,7 @@ class ProcessUsage(namedtuple("ProcessUsage", "slot pid host_pid started_ns devi
         return start is not None and (start & 0xFFFFFFFF) == (self.owner & 0xFFFFFFFF)
 
 
-def process_start_ticks(pid: int, proc_root: str = "/proc") -> Optional[int]:
+def process_start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
     """Field 22 of /proc/<pid>/stat (None for a process gone or a zombie)."""
     try:
         with builtins.open(f"{proc_root}/{pid}/stat") as stat:  # `open` here is Region's
@@ -254,7 +255,7 @@ def _fill_limits(cregion, devices: Sequence[DeviceLimit], core_policy: str, prio
 
 
 def image(devices: Sequence[DeviceLimit], core_policy: str = "default", priority: int = 1,
-          created_ns: Optional[int] = None) -> bytes:
+          created_ns: int | None = None) -> bytes:
     """The bytes of a complete READY region with these limits and no process."""
     validate_limits(devices, core_policy, priority)
     cregion = ffi.new("struct hami_region *")
@@ -377,7 +378,7 @@ class Region:
         return self._region().priority
 
     @property
-    def devices(self) -> List[DeviceLimit]:
+    def devices(self) -> list[DeviceLimit]:
         c = self._region()
         return [
             DeviceLimit(
@@ -389,7 +390,7 @@ class Region:
         ]
 
     # -- usage
-    def processes(self) -> List[ProcessUsage]:
+    def processes(self) -> list[ProcessUsage]:
         """Slots held by a process (free and being-reclaimed slots left out)."""
         c = self._region()
         count = c.device_count
@@ -428,8 +429,8 @@ class Region:
             raise RegionError(f"region {self.path}: opened read-only")
         return self._region()
 
-    def set_limits(self, devices: Sequence[DeviceLimit], core_policy: Optional[str] = None,
-                   priority: Optional[int] = None) -> None:
+    def set_limits(self, devices: Sequence[DeviceLimit], core_policy: str | None = None,
+                   priority: int | None = None) -> None:
         c = self._writable()
         core_policy = self.core_policy if core_policy is None else core_policy
         priority = self.priority if priority is None else priority

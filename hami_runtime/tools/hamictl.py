@@ -5,7 +5,6 @@ Other commands register themselves at the bottom (cli.add_command).
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
