@@ -390,6 +390,14 @@ static int sm_nvml_open(struct sm_local *loc, int64_t now)
 
 enum { SM_ALONE = 0, SM_WITH_OWN = 1, SM_WITH_FOREIGN = 2 };
 
+/* Whose work a sample shows besides ours: none (ours, or idle), our container's, another's. */
+static int sm_sample_company(const struct sm_local *loc, const nvmlProcessUtilizationSample_t *sample)
+{
+    if (sample->pid == loc->nvml_pid || sample->smUtil == 0)
+        return SM_ALONE;
+    return hami_region_has_pid(sample->pid) ? SM_WITH_OWN : SM_WITH_FOREIGN;
+}
+
 /* This process's SM use over the last second as NVML reports it, in percent
  * (-1 if none); *company says who else used the device meanwhile: nobody,
  * only processes of this container, or processes of others. */
@@ -408,8 +416,8 @@ static int sm_nvml_util(struct sm_local *loc, int *company)
                 newest = samples[i].timeStamp;
                 util = (int)samples[i].smUtil;
             }
-        } else if (samples[i].smUtil > 0) {
-            int who = hami_region_has_pid(samples[i].pid) ? SM_WITH_OWN : SM_WITH_FOREIGN;
+        } else {
+            int who = sm_sample_company(loc, &samples[i]);
             *company = who > *company ? who : *company;
         }
     }
@@ -486,8 +494,7 @@ static int sm_look_alone(struct sm_local *loc, int64_t now)
     if (r != NVML_SUCCESS)
         return 0;
     for (unsigned int i = 0; i < count; i++)
-        if (samples[i].pid != loc->nvml_pid && samples[i].timeStamp > since && samples[i].smUtil > 0 &&
-            !hami_region_has_pid(samples[i].pid))
+        if (samples[i].timeStamp > since && sm_sample_company(loc, &samples[i]) == SM_WITH_FOREIGN)
             return 0;
     return 1;
 }
