@@ -52,6 +52,9 @@
 #define HAMI_POLICY_FORCE 1
 #define HAMI_POLICY_DISABLE 2
 
+/* hami_device_limit.flags */
+#define HAMI_DEVICE_SPILL 1        /* allocations the card cannot hold may use managed memory */
+
 struct hami_proc_slot {
     uint64_t owner;          /* 0 free; (pid << 32) | (start time & 0xffffffff) */
     int32_t pid;             /* pid as the container sees it */
@@ -67,7 +70,7 @@ struct hami_device_limit {
     char uuid[HAMI_UUID_LEN];  /* NUL-terminated; "" when unknown (bare use) */
     uint64_t mem_limit;        /* bytes; 0 = no limit */
     uint32_t sm_limit;         /* percent; 0 or >= 100 = no limit */
-    uint32_t reserved;
+    uint32_t flags;            /* HAMI_DEVICE_* bits */
 };
 
 /* SM limiter state shared by the container's processes, per device. */
@@ -75,7 +78,9 @@ struct hami_sm_state {
     int64_t tokens_ns;         /* busy time the container may still use */
     uint64_t refill_ns;        /* CLOCK_MONOTONIC of the last refill */
     uint64_t busy_ns;          /* measured kernel time, all processes */
-    uint64_t reserved[5];
+    uint64_t throttled_ns;     /* time launches waited for the SM share, cumulative */
+    uint64_t paused_ns;        /* time launches waited for high-priority work, cumulative */
+    uint64_t reserved[3];
 };
 
 struct hami_region {
