@@ -556,11 +556,18 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             break;
         }
         /* sleep until the deficit has refilled, or look again for a measurement */
-        int64_t wait = free_run || tokens > 0 ? SM_POLL_NS : -tokens / share * 100 + SM_SLEEP_MIN_NS;
+        int short_of_share = !free_run && tokens <= 0;
+        int64_t wait = short_of_share ? -tokens / share * 100 + SM_SLEEP_MIN_NS : SM_POLL_NS;
         if (!window_open && wait > SM_POLL_NS)
             wait = SM_POLL_NS;
         pthread_mutex_unlock(&loc->lock);
+        /* a wait for the share (not for a measurement) is throttling; counted per
+         * chunk, so a long wait shows while it lasts and a process killed in it
+         * has counted what it slept */
+        int64_t slept_from = short_of_share ? sm_now_ns() : 0;
         sm_sleep(wait);
+        if (short_of_share)
+            __atomic_add_fetch(&st->throttled_ns, (uint64_t)(sm_now_ns() - slept_from), __ATOMIC_RELAXED);
         pthread_mutex_lock(&loc->lock);
     }
 
