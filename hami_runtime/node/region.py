@@ -183,6 +183,14 @@ class DeviceUsage(namedtuple("DeviceUsage", "mem_used ctx_used sm_busy_ns launch
     launches: int
 
 
+class SmTimes(namedtuple("SmTimes", "busy_ns throttled_ns paused_ns")):
+    """A device's SM counters for the whole container, cumulative nanoseconds."""
+    __slots__ = ()
+    busy_ns: int  # measured kernel time
+    throttled_ns: int  # launches waiting for the SM share
+    paused_ns: int  # launches waiting for high-priority work
+
+
 class ProcessUsage(namedtuple("ProcessUsage", "slot pid host_pid started_ns devices owner", defaults=((), 0,))):
     __slots__ = ()
     slot: int
@@ -417,6 +425,13 @@ class Region:
         """Kernel time measured on `device`, all processes, cumulative."""
         self._check_device(device)
         return self._region().sm[device].busy_ns
+
+    def sm_times(self, device: int) -> SmTimes:
+        """The SM counters libvgpu keeps for `device`; their deltas over a wall
+        interval give the share used and whether launches were held."""
+        self._check_device(device)
+        st = self._region().sm[device]
+        return SmTimes(st.busy_ns, st.throttled_ns, st.paused_ns)
 
     def _check_device(self, device: int) -> None:
         count = self._region().device_count

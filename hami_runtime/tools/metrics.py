@@ -1,5 +1,12 @@
 """`hamictl metrics --listen HOST:PORT`: Prometheus metrics read from the shared
-regions at scrape time (nothing is cached between scrapes)."""
+regions at scrape time (nothing is cached between scrapes).
+
+Every series of a container carries `container` (its id) and `root` (the key of
+its runc root: two roots may hold one id). SM time is exported as cumulative
+counters in seconds, so rate() is the share used, and a rate above 0 of the
+throttled / paused counters says the container is being held now;
+hami_container_info carries what is not a number (runc root path, core policy,
+priority) as labels, to join on (container, root)."""
 from __future__ import annotations
 
 import signal
@@ -10,12 +17,14 @@ from typing import Iterator, Optional, Tuple
 
 import click
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import MetricsHandler
 
 from . import top
 
-DEVICE_LABELS = ["container", "device", "uuid"]
+CONTAINER_LABELS = ["container", "root"]
+DEVICE_LABELS = CONTAINER_LABELS + ["device", "uuid"]
+INFO_LABELS = ["runc_root", "core_policy", "priority"]
 
 # One sample per container and device: (family, name, help, value of container c, device d).
 DEVICE_METRICS = (
@@ -28,6 +37,14 @@ DEVICE_METRICS = (
     (CounterMetricFamily, "hami_container_sm_busy_seconds",
      "Kernel time measured for the container; its rate is the SM use",
      lambda c, d: d.sm_busy_ns / 1e9),
+    (CounterMetricFamily, "hami_container_sm_throttled_seconds",
+     "Time the container's launches waited for its SM share, summed over waiting threads; "
+     "a rate above 0 means it is being throttled",
+     lambda c, d: d.sm_throttled_ns / 1e9),
+    (CounterMetricFamily, "hami_container_sm_paused_seconds",
+     "Time the container's launches waited for high-priority work on the GPU, summed over "
+     "waiting threads; a rate above 0 means it is being paused",
+     lambda c, d: d.sm_paused_ns / 1e9),
     (GaugeMetricFamily, "hami_container_processes",
      "Processes of the container using the device",
      lambda c, d: sum(1 for p in c.processes if p.uses(d.index))),
@@ -45,15 +62,24 @@ class RegionCollector:
                       for family, name, help_text, value in DEVICE_METRICS]
         readable = GaugeMetricFamily("hami_container_region_readable",
                                      "1 when the container's region could be read",
-                                     labels=["container"])
+                                     labels=CONTAINER_LABELS)
+        info = InfoMetricFamily("hami_container",
+                                "The container's runc root, SM core policy and priority "
+                                "(0 high, 1 low)", labels=CONTAINER_LABELS)
         for c in top.read_all(self.state_dir):
-            readable.add_metric([c.id], 0 if c.error else 1)
+            container = [c.id, c.root_key]
+            readable.add_metric(container, 0 if c.error else 1)
+            if c.error:
+                continue
+            info.add_metric(container, dict(zip(INFO_LABELS, (c.runc_root, c.core_policy,
+                                                              str(c.priority)))))
             for d in c.devices:
-                labels = [c.id, str(d.index), d.uuid]
+                labels = container + [str(d.index), d.uuid]
                 for metric, value in per_device:
                     metric.add_metric(labels, value(c, d))
         yield from (metric for metric, _ in per_device)
         yield readable
+        yield info
 
 
 def parse_listen(value: str) -> Tuple[str, int]:

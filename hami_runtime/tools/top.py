@@ -2,7 +2,11 @@
 
 Each container the runtime gave a GPU has <state_dir>/containers/<id>@<root key>/vgpu.region;
 libvgpu keeps its counters there. Memory is read as it is; SM use is the
-measured kernel time over a short interval (two reads `interval` apart).
+measured kernel time over a short interval (two reads `interval` apart), and a
+container is "throttled" / "paused" when its launches spent time in that interval
+waiting for its SM share / for high-priority work. Two runc roots may hold the
+same container id: the root (its path from the allocator state, else the root
+key) tells them apart.
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import click
 
@@ -26,7 +30,12 @@ class DeviceView:
     mem_limit_bytes: int
     sm_limit_pct: int
     sm_busy_ns: int
-    sm_use_pct: Optional[float] = None  # None until two samples exist
+    sm_throttled_ns: int = 0  # cumulative time launches waited for the SM share
+    sm_paused_ns: int = 0  # cumulative time launches waited for high-priority work
+    # None until two samples exist
+    sm_use_pct: Optional[float] = None  # measured share of the GPU over the interval
+    throttled_now: Optional[bool] = None  # launches waited for the share in the interval
+    paused_now: Optional[bool] = None  # launches waited for high-priority work in the interval
 
 
 @dataclass
@@ -50,6 +59,9 @@ class ProcessView:
 class ContainerView:
     id: str
     region: str
+    name: str = ""  # the allocation's name, <id>@<root key>
+    root_key: str = ""  # "" for a dir not named <id>@<root key>
+    runc_root: str = ""  # from the allocator state; "" when it does not say
     core_policy: str = ""
     priority: int = 1
     devices: List[DeviceView] = field(default_factory=list)
@@ -84,15 +96,48 @@ def region_files(state_dir: str) -> Dict[str, str]:
     return found
 
 
-def read_container(cid: str, path: str) -> ContainerView:
+def runc_roots(state_dir: str) -> Dict[str, str]:
+    """allocation name -> runc root, as the allocator state says (read without its
+    lock: the file is replaced atomically); a root is taken only where it hashes
+    to the name's root key. {} when the state cannot be read."""
+    from .. import fastjson
+    from ..files import read_state_file
+    from ..lifecycle import store
+    try:
+        data = fastjson.loads(read_state_file(os.path.join(state_dir, store.STATE_FILE),
+                                              store.MAX_STATE_BYTES))
+    except (OSError, ValueError, store.HamiError):
+        return {}
+    entries = data.get("allocations") if isinstance(data, dict) else None
+    roots = {}
+    for name, entry in (entries.items() if isinstance(entries, dict) else ()):
+        root = entry.get("runc_root") if isinstance(entry, dict) else None
+        if isinstance(root, str) and os.path.isabs(root) and \
+                split_name(name)[1] == store.root_key(root):
+            roots[name] = root
+    return roots
+
+
+def split_name(name: str) -> Tuple[str, str]:
+    """(container id, root key) of a container dir's name; a name not of the
+    form <id>@<root key> is all id."""
+    from ..chars import root_key
+    cid, at, key = name.rpartition("@")
+    return (cid, key) if at and cid and root_key(key) else (name, "")
+
+
+def read_container(name: str, path: str, runc_root: str = "") -> ContainerView:
     region = region_module()
-    view = ContainerView(id=cid, region=path)
+    cid, key = split_name(name)
+    view = ContainerView(id=cid, region=path, name=name, root_key=key, runc_root=runc_root)
     try:
         with region.open(path) as r:
             view.core_policy, view.priority = r.core_policy, r.priority
             for i, limit in enumerate(r.devices):
+                sm = r.sm_times(i)
                 view.devices.append(DeviceView(i, limit.uuid, r.used_bytes(i), limit.mem_limit_bytes,
-                                               limit.sm_limit_pct, r.sm_busy_ns(i)))
+                                               limit.sm_limit_pct, sm.busy_ns, sm.throttled_ns,
+                                               sm.paused_ns))
             for proc in r.processes():
                 view.processes.append(ProcessView(
                     pid=proc.pid, host_pid=proc.host_pid,
@@ -106,8 +151,9 @@ def read_container(cid: str, path: str) -> ContainerView:
 
 
 def read_all(state_dir: str) -> List[ContainerView]:
-    return [read_container(name.rpartition("@")[0] or name, path)
-            for name, path in region_files(state_dir).items()]
+    files = region_files(state_dir)
+    roots = runc_roots(state_dir) if files else {}
+    return [read_container(name, path, roots.get(name, "")) for name, path in files.items()]
 
 
 def _pct(busy_now: int, busy_before: int, elapsed_ns: int) -> Optional[float]:
@@ -116,8 +162,14 @@ def _pct(busy_now: int, busy_before: int, elapsed_ns: int) -> Optional[float]:
     return round(100.0 * (busy_now - busy_before) / elapsed_ns, 1)
 
 
+def sm_measured(container: ContainerView, device: DeviceView) -> bool:
+    """libvgpu measures kernel time only where an SM limit is in force: a launch
+    with none costs nothing, so nothing times it."""
+    return 0 < device.sm_limit_pct < 100 and container.core_policy != "disable"
+
+
 def add_rates(before: List[ContainerView], after: List[ContainerView], elapsed_ns: int) -> None:
-    """Fills sm_use_pct in `after` from the busy time measured since `before`."""
+    """Fills the rates in `after` from the counters' moves since `before`."""
     earlier = {c.region: c for c in before}
     for container in after:
         old = earlier.get(container.region)
@@ -125,23 +177,51 @@ def add_rates(before: List[ContainerView], after: List[ContainerView], elapsed_n
             continue
         for dev in container.devices:
             if dev.index < len(old.devices):
-                dev.sm_use_pct = _pct(dev.sm_busy_ns, old.devices[dev.index].sm_busy_ns, elapsed_ns)
+                prev = old.devices[dev.index]
+                if sm_measured(container, dev):
+                    dev.sm_use_pct = _pct(dev.sm_busy_ns, prev.sm_busy_ns, elapsed_ns)
+                dev.throttled_now = dev.sm_throttled_ns > prev.sm_throttled_ns
+                dev.paused_now = dev.sm_paused_ns > prev.sm_paused_ns
         old_procs = {(p.pid, p.host_pid): p for p in old.processes}
         for proc in container.processes:
             prev = old_procs.get((proc.pid, proc.host_pid))
             proc.sm_use_pct = [
-                _pct(busy, prev.sm_busy_ns[d], elapsed_ns) if prev and d < len(prev.sm_busy_ns) else None
+                _pct(busy, prev.sm_busy_ns[d], elapsed_ns)
+                if prev and d < len(prev.sm_busy_ns) and d < len(container.devices)
+                and sm_measured(container, container.devices[d]) else None
                 for d, busy in enumerate(proc.sm_busy_ns)]
 
 
+class Sampler:
+    """Successive views of the state dir, each with the rates measured since the
+    one before (the first waits one interval for its own). The clock and the
+    sleep are arguments, so tests can drive it without waiting."""
+
+    def __init__(self, state_dir: str, clock: Optional[Callable[[], int]] = None,
+                 sleep: Optional[Callable[[float], None]] = None):
+        self.state_dir = state_dir
+        self.clock = clock or time.monotonic_ns
+        self.sleep = sleep or time.sleep
+        self._last: Optional[Tuple[List[ContainerView], int]] = None
+
+    def _read(self) -> Tuple[List[ContainerView], int]:
+        return read_all(self.state_dir), self.clock()
+
+    def next(self, interval: float) -> List[ContainerView]:
+        """Views `interval` seconds after the last ones (0: now, with no rates)."""
+        if interval <= 0:
+            return self._read()[0]
+        if self._last is None:
+            self._last = self._read()
+        self.sleep(interval)
+        views, now = self._read()
+        add_rates(self._last[0], views, now - self._last[1])
+        self._last = (views, now)
+        return views
+
+
 def sample(state_dir: str, interval: float) -> List[ContainerView]:
-    first, t0 = read_all(state_dir), time.monotonic_ns()
-    if interval <= 0:
-        return first
-    time.sleep(interval)
-    second, t1 = read_all(state_dir), time.monotonic_ns()
-    add_rates(first, second, t1 - t0)
-    return second
+    return Sampler(state_dir).next(interval)
 
 
 # ---- rendering (pure) ------------------------------------------------------
@@ -154,25 +234,44 @@ def _limit_mib(value: int) -> str:
     return _mib(value) if value else "-"
 
 
-def _sm(use: Optional[float], limit: int) -> str:
-    used = "?" if use is None else f"{use:.0f}%"
-    cap = f"{limit}%" if 0 < limit < 100 else "-"
+def _sm(c: ContainerView, d: DeviceView) -> str:
+    if not sm_measured(c, d):
+        used = "-"
+    else:
+        used = "?" if d.sm_use_pct is None else f"{d.sm_use_pct:.0f}%"
+    cap = f"{d.sm_limit_pct}%" if 0 < d.sm_limit_pct < 100 else "-"
     return f"{used} / {cap}"
+
+
+PRIORITIES = {0: "high", 1: "low"}
+
+
+def _root(c: ContainerView) -> str:
+    return c.runc_root or c.root_key or "-"
+
+
+def _held(d: DeviceView) -> str:
+    if d.throttled_now is None or d.paused_now is None:
+        return "?"
+    held = [word for word, now in (("paused", d.paused_now), ("throttled", d.throttled_now)) if now]
+    return ",".join(held) or "-"
 
 
 def render_table(containers: List[ContainerView]) -> str:
     if not containers:
         return "no GPU containers"
-    rows = [("CONTAINER", "DEV", "UUID", "MEMORY MiB (used / limit)", "SM (use / limit)", "PROCS")]
+    rows = [("CONTAINER", "ROOT", "DEV", "UUID", "POLICY", "PRIO", "MEMORY MiB (used / limit)",
+             "SM (use / limit)", "HELD", "PROCS")]
     for c in containers:
         if c.error:
-            rows.append((c.id[:12], "-", "-", c.error, "", ""))
+            rows.append((c.id[:12], _root(c), "-", "-", "", "", c.error, "", "", ""))
             continue
         for d in c.devices:
             procs = sum(1 for p in c.processes if p.uses(d.index))
-            rows.append((c.id[:12], str(d.index), d.uuid, f"{_mib(d.mem_used_bytes)} / "
-                         f"{_limit_mib(d.mem_limit_bytes)}", _sm(d.sm_use_pct, d.sm_limit_pct),
-                         str(procs)))
+            rows.append((c.id[:12], _root(c), str(d.index), d.uuid, c.core_policy,
+                         PRIORITIES.get(c.priority, str(c.priority)),
+                         f"{_mib(d.mem_used_bytes)} / {_limit_mib(d.mem_limit_bytes)}",
+                         _sm(c, d), _held(d), str(procs)))
         for p in c.processes:
             host = str(p.host_pid) if p.host_pid else "?"
             state = ", exited" if p.alive is False else ""
@@ -180,9 +279,11 @@ def render_table(containers: List[ContainerView]) -> str:
                 if not used and not p.launches[i]:
                     continue
                 use = p.sm_use_pct[i] if i < len(p.sm_use_pct) else None
-                rows.append((f"  pid {p.pid} (host {host}{state})", str(i), "",
-                             f"{_mib(used)} (context {_mib(p.ctx_used_bytes[i])})",
-                             "?" if use is None else f"{use:.0f}%", f"{p.launches[i]} launches"))
+                shown = "-" if i < len(c.devices) and not sm_measured(c, c.devices[i]) else \
+                    "?" if use is None else f"{use:.0f}%"
+                rows.append((f"  pid {p.pid} (host {host}{state})", "", str(i), "", "", "",
+                             f"{_mib(used)} (context {_mib(p.ctx_used_bytes[i])})", shown, "",
+                             f"{p.launches[i]} launches"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
                      for row in rows)
@@ -211,24 +312,33 @@ def resolve_state_dir(state_dir: Optional[str]) -> str:
     return config.load(path).state_dir
 
 
+ONE_SHOT_INTERVAL = 0.5
+WATCH_INTERVAL = 1.0
+
+
 @click.command("top")
 @state_dir_option
-@click.option("--interval", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              help="seconds between the two reads SM use is measured over (0: no SM use)")
+@click.option("--interval", type=click.FloatRange(min=0), default=None,
+              help=f"seconds SM use and throttling are measured over, and with --watch between "
+                   f"refreshes (default {ONE_SHOT_INTERVAL:g}, with --watch {WATCH_INTERVAL:g}; "
+                   "0: memory only)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--watch", is_flag=True, help="refresh every interval until interrupted")
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="with --watch: stop after this many refreshes")
 def top_command(state_dir, interval, as_json, watch, count):
-    """Memory and SM use per GPU container and process."""
+    """Memory, SM use and throttling per GPU container and process."""
+    if interval is None:
+        interval = WATCH_INTERVAL if watch else ONE_SHOT_INTERVAL
     if watch and interval <= 0:
         raise click.BadParameter(f"{interval} must be above 0 with --watch", param_hint="--interval")
     state_dir = resolve_state_dir(state_dir)
     clear = watch and not as_json and sys.stdout.isatty()
+    sampler = Sampler(state_dir)
     shown = 0
     try:
         while True:
-            containers = sample(state_dir, interval)
+            containers = sampler.next(interval)
             if clear:
                 click.echo("\033[H\033[J", nl=False)
             click.echo(render_json(containers, interval) if as_json else render_table(containers))

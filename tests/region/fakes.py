@@ -41,3 +41,11 @@ def add_busy(path, device, ns, slot=None):
 def patch_field(path, name, value):
     with mapped(path) as c:
         setattr(c, name, value)
+
+
+def add_sm(path, device, busy_ns=0, throttled_ns=0, paused_ns=0):
+    """Advances the container's SM counters of `device` as libvgpu's launches would."""
+    with mapped(path) as c:
+        c.sm[device].busy_ns += busy_ns
+        c.sm[device].throttled_ns += throttled_ns
+        c.sm[device].paused_ns += paused_ns
