@@ -220,9 +220,6 @@ class Sampler:
         return views
 
 
-def sample(state_dir: str, interval: float) -> List[ContainerView]:
-    return Sampler(state_dir).next(interval)
-
 
 # ---- rendering (pure) ------------------------------------------------------
 
