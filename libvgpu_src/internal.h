@@ -60,7 +60,8 @@ void hami_mem_uncharge(int dev, uint64_t bytes);
 void hami_ctx_charged(int dev, int64_t delta);
 uint64_t hami_mem_limit(int dev);
 /* Whether the device's allocations the card cannot hold may be served from managed
- * memory (HAMI_DEVICE_SPILL, set by the runtime where the node oversubscribes). */
+ * memory (HAMI_DEVICE_SPILL, set by the runtime where the node oversubscribes, on a
+ * device with a limit). */
 int hami_mem_spill(int dev);
 uint64_t hami_mem_container_used(int dev);
 

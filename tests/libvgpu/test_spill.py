@@ -153,6 +153,11 @@ def test_two_processes_sharing_the_region_stay_within_the_limit(spill_env):
         holder.stderr.close()
 
 
+def test_a_device_without_a_limit_never_spills(spill_env):
+    out = result(spill_env("true", 0), 'print(json.dumps([alloc("mem", 5000)[0], views()["getinfo_total"]]))')
+    assert out == [2, CARD_MIB]
+
+
 def test_a_bad_oversubscribe_value_is_named_and_ignored(spill_env):
     proc = run(spill_env("yes", ABOVE), 'print(json.dumps([alloc("mem", 5000)[0], views()]))')
     rc, v = json.loads(proc.stdout.splitlines()[-1])

@@ -58,10 +58,13 @@ def test_a_record_with_a_bad_oversubscribe_is_invalid(value):
 ])
 def test_container_gets_its_promised_card(node, annotations, total, results):
     node.write_config(memory_scaling=2)
-    bundle = node.bundle("big", annotations,
-                         args=("cuda_alloc",) + tuple(mib for mib, _ in results))
+    allocs = " ".join(mib for mib, _ in results)
+    bundle = node.bundle("big", annotations, args=(
+        "sh", "-c", f"cuda_alloc {allocs}; nvidia-smi --query-gpu=memory.total --format=csv,noheader"))
     proc = node.runtime("run", "--bundle", str(bundle), "big")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"total {total}" in proc.stdout.splitlines()
+    lines = proc.stdout.splitlines()
+    assert f"total {total}" in lines                     # cuMemGetInfo
+    assert f"{total} MiB" in lines                       # NVML, through nvidia-smi
     got = [tuple(line.split()[1:]) for line in proc.stdout.splitlines() if line.startswith("alloc ")]
     assert got == results
