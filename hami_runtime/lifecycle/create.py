@@ -109,6 +109,8 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         "CUDA_TASK_PRIORITY": str(request.priority),
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{modifiers.REGION_DIR}/vgpu.region",
     })
+    if spill_flags(cfg, request):
+        env["CUDA_OVERSUBSCRIBE"] = "true"  # the region says so to libvgpu; HAMi-core reads this
     env.update(cfg.extra_env)
     library_dirs = []
     for f in driver_files:

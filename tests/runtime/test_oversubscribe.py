@@ -48,6 +48,19 @@ def test_a_record_with_a_bad_oversubscribe_is_invalid(value):
         f"oversubscribe={value!r} is not true or false"
 
 
+@pytest.mark.parametrize("scaling, annotations, env", [
+    (2, {"hami.io/gpumem": "1000"}, ["CUDA_OVERSUBSCRIBE=true"]),
+    (2, {"hami.io/gpumem": "1000", "hami.io/oversubscribe": "false"}, []),
+    (1, {"hami.io/gpumem": "1000"}, []),
+])
+def test_container_env_says_so_as_hami_core_reads_it(node, scaling, annotations, env):
+    node.write_config(memory_scaling=scaling)
+    bundle = node.bundle("e", annotations, args=("sh", "-c", "env"))
+    proc = node.runtime("run", "--bundle", str(bundle), "e")
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.startswith("CUDA_OVERSUBSCRIBE")] == env
+
+
 @pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")
 @pytest.mark.parametrize("annotations, total, results", [
     # promised 20000 MiB on a 16384 MiB card: sees and gets all of it, exactly
