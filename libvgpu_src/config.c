@@ -117,6 +117,14 @@ void hami_config_load(void)
             hami_error("CUDA_TASK_PRIORITY=%s is not 0 or 1; using 1 (low)", priority);
     }
 
+    const char *spill = getenv("CUDA_OVERSUBSCRIBE");
+    if (spill && *spill) {
+        if (!strcmp(spill, "true") || !strcmp(spill, "false"))
+            cfg->spill = spill[0] == 't';
+        else
+            hami_error("CUDA_OVERSUBSCRIBE=%s is not true or false; using false", spill);
+    }
+
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     cfg->region_path = (path && *path) ? strdup(path) : NULL;
 }

@@ -161,7 +161,10 @@ static uint64_t monotonic_ns(void)
  * and given back when it shrinks. Estimated low, never high: the hooks charge before
  * the driver allocates and give back after it frees, and the larger of two readings of
  * our count around the driver's is used. At most every 100 ms per device, never during
- * a context creation (whose memory the driver already shows but we have yet to charge). */
+ * a context creation (whose memory the driver already shows but we have yet to charge).
+ * Managed memory the hooks charged (cuMemAllocManaged, spilled allocations) is in our
+ * count: a driver that shows its resident pages per process is not charged for them
+ * twice, and one that shows device memory only (the simulator) just lowers the estimate. */
 void hami_reconcile(int index, CUdevice dev)
 {
     struct hami_proc_slot *self = hami_region_self();

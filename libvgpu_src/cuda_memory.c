@@ -52,6 +52,22 @@ void hami_mem_release_ctx(CUcontext ctx)
 
 /* ---- plain, managed, pitch ---- */
 
+/* Oversubscription (HAMI_DEVICE_SPILL): a plain allocation the container's limit let
+ * through but the card cannot hold now (the driver says out of memory) is served from
+ * managed memory, which the driver pages between the card and the host. It stays
+ * charged as it is, so the limit is exact either way. */
+static CUresult spill(int index, CUresult rc, CUdeviceptr *dptr, size_t bytes)
+{
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !hami_mem_spill(index))
+        return rc;
+    __typeof__(&cuMemAllocManaged) managed = HAMI_REAL(cuMemAllocManaged);
+    if (!managed || managed(dptr, bytes, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS)
+        return rc;
+    hami_info("device %d: %zu bytes the card cannot hold now served from managed memory", index,
+              bytes);
+    return CUDA_SUCCESS;
+}
+
 HAMI_HOOK(CUresult, cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize))
 {
     CUcontext ctx;
@@ -61,7 +77,7 @@ HAMI_HOOK(CUresult, cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, 
     uint64_t charge = pages(bytesize);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real(dptr, bytesize);
+    CUresult rc = spill(index, real(dptr, bytesize), dptr, bytesize);
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_MEM, *dptr, index, charge, ctx, NULL);
     else
@@ -104,6 +120,12 @@ HAMI_HOOK(CUresult, cuMemAllocPitch_v2,
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* spilled rows keep the pitch the charge assumed */
+        rc = spill(index, rc, dptr, row * Height);
+        if (rc == CUDA_SUCCESS)
+            *pPitch = row;
+    }
     if (rc != CUDA_SUCCESS) {
         hami_mem_uncharge(index, charge);
         return rc;
@@ -312,7 +334,9 @@ static CUresult pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t byte
 
 /* Near the limit a pool grows by more than the request (the driver picks the
  * granule), so a request that fits the limit could still be refused: it is then
- * served from plain device memory, charged exactly, and freed synchronously. */
+ * served from plain device memory, charged exactly, and freed synchronously. The
+ * same holds where the card is full: with HAMI_DEVICE_SPILL that plain allocation
+ * spills to managed memory like any other. */
 #define FALLBACK ((void *)1)
 
 static CUresult pool_alloc_or_plain(enum async_call which, CUdeviceptr *dptr, size_t bytes,
@@ -329,7 +353,7 @@ static CUresult pool_alloc_or_plain(enum async_call which, CUdeviceptr *dptr, si
     CUresult (*get_ctx)(CUcontext *) = HAMI_DRIVER(cuCtxGetCurrent);
     if (get_ctx)
         get_ctx(&ctx);
-    rc = plain(dptr, bytes);
+    rc = spill(index, plain(dptr, bytes), dptr, bytes);
     if (rc == CUDA_SUCCESS)
         track(HAMI_RES_MEM, *dptr, index, charge, ctx, FALLBACK);
     else
@@ -786,10 +810,14 @@ HAMI_HOOK(CUresult, cuMemGetInfo_v2, (size_t *free, size_t *total), (free, total
         return rc;
     hami_pools_settle_all();
     hami_reconcile(index, dev);
-    uint64_t cap = min_u64(limit, *total);
+    /* Oversubscribed, the container gets its whole limit (spilling where the card is
+     * full): the physical size and free memory no longer bound what it sees. */
+    int spills = hami_mem_spill(index);
+    uint64_t cap = spills ? limit : min_u64(limit, *total);
     uint64_t used = hami_mem_container_used(index);
+    uint64_t left = used < cap ? cap - used : 0;
     *total = cap;
-    *free = min_u64(used < cap ? cap - used : 0, *free);
+    *free = spills ? left : min_u64(left, *free);
     return rc;
 }
 
@@ -797,9 +825,10 @@ HAMI_HOOK(CUresult, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev), (bytes, 
 {
     CUresult rc = real(bytes, dev);
     if (rc == CUDA_SUCCESS && bytes) {
-        uint64_t limit = hami_mem_limit(hami_region_device_index(dev));
+        int index = hami_region_device_index(dev);
+        uint64_t limit = hami_mem_limit(index);
         if (limit)
-            *bytes = min_u64(limit, *bytes);
+            *bytes = hami_mem_spill(index) ? limit : min_u64(limit, *bytes);
     }
     return rc;
 }

@@ -42,6 +42,7 @@ struct hami_config {
     uint32_t sm_limit[HAMI_MAX_DEVICES];    /* percent, 0 = none */
     uint32_t core_policy;                   /* HAMI_POLICY_* */
     int32_t priority;                       /* 0 high, 1 low */
+    int spill;                              /* CUDA_OVERSUBSCRIBE=true: HAMI_DEVICE_SPILL */
     const char *region_path;                /* CUDA_DEVICE_MEMORY_SHARED_CACHE or NULL */
 };
 extern struct hami_config hami_config;
@@ -58,6 +59,10 @@ void hami_mem_charge_force(int dev, uint64_t bytes);
 void hami_mem_uncharge(int dev, uint64_t bytes);
 void hami_ctx_charged(int dev, int64_t delta);
 uint64_t hami_mem_limit(int dev);
+/* Whether the device's allocations the card cannot hold may be served from managed
+ * memory (HAMI_DEVICE_SPILL, set by the runtime where the node oversubscribes, on a
+ * device with a limit). */
+int hami_mem_spill(int dev);
 uint64_t hami_mem_container_used(int dev);
 
 /* tracked.c: what libvgpu charged, keyed by driver handle, thread-safe. */

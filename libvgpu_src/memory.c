@@ -14,6 +14,15 @@ uint64_t hami_mem_limit(int dev)
     return LOAD(&r->devices[dev].mem_limit);
 }
 
+int hami_mem_spill(int dev)
+{
+    struct hami_region *r = hami_region_get();
+    if (!r || dev < 0 || dev >= HAMI_MAX_DEVICES)
+        return 0;
+    /* only a limited device spills: the limit is what bounds the host memory it may take */
+    return LOAD(&r->devices[dev].mem_limit) && (LOAD(&r->devices[dev].flags) & HAMI_DEVICE_SPILL);
+}
+
 uint64_t hami_mem_container_used(int dev)
 {
     struct hami_region *r = hami_region_get();

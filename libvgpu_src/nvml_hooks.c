@@ -8,7 +8,8 @@ static unsigned long long min_ull(unsigned long long a, unsigned long long b)
     return a < b ? a : b;
 }
 
-/* Rewrites total/used/free for `dev` when it has a limit; free never underflows. */
+/* Rewrites total/used/free for `dev` when it has a limit; free never underflows.
+ * Oversubscribed (HAMI_DEVICE_SPILL), the card is the limit, whatever its physical size. */
 static void virtualise(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used,
                        unsigned long long *free)
 {
@@ -16,12 +17,13 @@ static void virtualise(nvmlDevice_t dev, unsigned long long *total, unsigned lon
     uint64_t limit = hami_mem_limit(index);
     if (!limit)
         return;
-    unsigned long long cap = min_ull(limit, *total);
+    int spills = hami_mem_spill(index);
+    unsigned long long cap = spills ? limit : min_ull(limit, *total);
     unsigned long long mine = min_ull(hami_mem_container_used(index), cap);
     unsigned long long physical_free = *free;
     *total = cap;
     *used = mine;
-    *free = min_ull(cap - mine, physical_free);
+    *free = spills ? cap - mine : min_ull(cap - mine, physical_free);
 }
 
 HAMI_HOOK(nvmlReturn_t, nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory),

@@ -107,6 +107,7 @@ static void fill_from_config(struct hami_region *r)
     for (int i = 0; i < HAMI_MAX_DEVICES; i++) {
         r->devices[i].mem_limit = hami_config.mem_limit[i];
         r->devices[i].sm_limit = hami_config.sm_limit[i];
+        r->devices[i].flags = hami_config.spill ? HAMI_DEVICE_SPILL : 0;
     }
     r->magic = HAMI_REGION_MAGIC;
     r->version = HAMI_REGION_VERSION;

@@ -1,4 +1,4 @@
-"""libvgpu on a real NVIDIA GPU: memory limit, SM share, overhead, init.
+"""libvgpu on a real NVIDIA GPU: memory limit, SM share, overhead, init, spill cost.
 
 Needs an NVIDIA driver, PyTorch and `make build` (build/libvgpu.so). Runs
 bench/gpu/torch_probe.py in fresh processes, native and under libvgpu, side by
@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = [sys.executable, str(ROOT / "bench/gpu/torch_probe.py")]
 LIBVGPU = ROOT / "build/libvgpu.so"
 LIMIT_MIB = 4096
+SPILL_MIB = 4096
 
 
 def probe(args, env_extra=None, timeout=600):
@@ -121,6 +122,31 @@ def sm_rows(seconds):
     print(f"| 30, policy `default`, alone | {lent['mean']:.1f} | {100 * lent['mean'] / base['mean']:.1f} | - |\n")
 
 
+def card_mib() -> int:
+    """The physical card's size, as nvidia-smi outside libvgpu says."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, env={"PATH": os.environ["PATH"]}).stdout
+    return int(out.split()[0])
+
+
+def spill_rows():
+    """What memory spilled to the host costs (memory_scaling > 1): the same pass over a
+    tensor in device memory, and over one libvgpu served from managed memory because
+    the card was full."""
+    card = card_mib()
+    native = probe(["spill", "--mib", str(SPILL_MIB)])
+    spilled = probe(["spill", "--mib", str(SPILL_MIB), "--fill"],
+                    limited(CUDA_OVERSUBSCRIBE="true", CUDA_DEVICE_MEMORY_LIMIT_0=f"{2 * card}m"))
+    print(f"### Spill to managed memory, {SPILL_MIB} MiB tensor, x.add_(1), {card} MiB card\n")
+    print("| case | managed | allocation ms | first pass GB/s | steady GB/s | steady vs device |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, got in (("device memory (no libvgpu)", native),
+                       (f"spilled (card filled with {spilled['filler_gib']} GiB first)", spilled)):
+        print(f"| {label} | {got['managed']} | {got['alloc_ms']:.2f} | {got['first_pass_gbs']:.1f} "
+              f"| {got['steady_gbs']:.1f} | {100 * got['steady_gbs'] / native['steady_gbs']:.1f} % |")
+    print()
+
+
 def init_rows():
     native = sorted(probe(["init"])["cuda_init_ms"] for _ in range(5))
     under = sorted(probe(["init"], limited())["cuda_init_ms"] for _ in range(5))
@@ -147,6 +173,7 @@ def main():
     memory_rows()
     sm_rows(args.seconds)
     init_rows()
+    spill_rows()
 
 
 if __name__ == "__main__":

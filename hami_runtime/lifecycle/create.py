@@ -109,6 +109,8 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         "CUDA_TASK_PRIORITY": str(request.priority),
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{modifiers.REGION_DIR}/vgpu.region",
     })
+    if spill_flags(cfg, request):
+        env["CUDA_OVERSUBSCRIBE"] = "true"  # the region says so to libvgpu; HAMi-core reads this
     env.update(cfg.extra_env)
     library_dirs = []
     for f in driver_files:
@@ -122,6 +124,14 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         create_hook_argv=create_hook_argv(cfg, launcher, runc_root), marker=marker)
 
 
+def spill_flags(cfg: Config, request) -> int:
+    """The region's device flags: where the node oversubscribes (memory_scaling > 1), a
+    container's allocations the card cannot hold spill to managed memory, unless it opted
+    out (hami.io/oversubscribe: "false")."""
+    from ..node import region
+    return region.DEVICE_SPILL if cfg.memory_scaling > 1 and request.oversubscribe else 0
+
+
 def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
                        ) -> None:
     from . import modifiers, store
@@ -130,8 +140,9 @@ def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, c
     region_dir, private = store.make_dirs(cfg.state_dir, name)
     # The region file is 0666 (any container user maps it); the dir stays the host's.
     os.chmod(region_dir, 0o755)
+    flags = spill_flags(cfg, request)
     region.write_new(os.path.join(region_dir, region.REGION_FILE_NAME),
-                  [region.DeviceLimit(g.uuid, g.mem_mib << 20, g.cores) for g in grants],
+                  [region.DeviceLimit(g.uuid, g.mem_mib << 20, g.cores, flags) for g in grants],
                   core_policy=request.core_policy, priority=request.priority)
     atomic_write(os.path.join(private, "ld.so.preload"),
                  (modifiers.LIBVGPU_PATH + "\n").encode(), 0o644)
@@ -187,6 +198,7 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
             "id": cid, "runc_root": inv.root, "bundle": bundle,
             "devices": [g.to_json() for g in grants],
             "core_policy": request.core_policy, "priority": request.priority,
+            "oversubscribe": request.oversubscribe,
             "identity": identity(annotations), "request": dict(request.keys),
             "created_at": time.time(), "pid": 0,
         }

@@ -9,7 +9,8 @@ if TYPE_CHECKING:
 
 PREFIXES = ("hami.io/", "nvidia.com/")
 KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu-uuid",
-        "use-gputype", "nouse-gputype", "core-policy", "priority", "vgpu-devices-allocated")
+        "use-gputype", "nouse-gputype", "core-policy", "priority", "oversubscribe",
+        "vgpu-devices-allocated")
 # Keys that ask for a GPU by themselves (gpu-uuid: that GPU); the others only
 # shape a request, and alone leave a container untouched.
 REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid",

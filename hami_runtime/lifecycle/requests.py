@@ -30,11 +30,11 @@ class GpuRequest:
     library: every value is checked where it is parsed, and again here."""
     __slots__ = ("source", "count", "mem_mib", "mem_percentage", "cores", "use_uuids",
                  "avoid_uuids", "use_indices", "use_types", "avoid_types", "core_policy",
-                 "priority", "assigned", "keys")
+                 "priority", "oversubscribe", "assigned", "keys")
 
     def __init__(self, source, count=1, mem_mib=None, mem_percentage=None, cores=None,
                  use_uuids=(), avoid_uuids=(), use_indices=(), use_types=(), avoid_types=(),
-                 core_policy="default", priority=1, assigned=(), keys=None):
+                 core_policy="default", priority=1, oversubscribe=True, assigned=(), keys=None):
         def bounded(name, value, low, high, optional=True):
             if value is None and optional:
                 return value
@@ -45,6 +45,8 @@ class GpuRequest:
             raise ValueError(f"GpuRequest source={source!r}")
         if core_policy not in CORE_POLICIES:
             raise ValueError(f"GpuRequest core_policy={core_policy!r}")
+        if not isinstance(oversubscribe, bool):
+            raise ValueError(f"GpuRequest oversubscribe={oversubscribe!r}")
         values = dict(
             source=source, count=bounded("count", count, 1, MAX_GPUS),  # None: every GPU
             mem_mib=bounded("mem_mib", mem_mib, 1, 1 << 30),
@@ -53,6 +55,7 @@ class GpuRequest:
             avoid_uuids=tuple(avoid_uuids), use_indices=tuple(use_indices),
             use_types=tuple(use_types), avoid_types=tuple(avoid_types), core_policy=core_policy,
             priority=bounded("priority", priority, 0, 1, optional=False),
+            oversubscribe=oversubscribe,  # False: never spill to host memory
             assigned=tuple(assigned), keys=dict(keys or {}))  # keys: the request as written
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -197,6 +200,11 @@ def from_annotations(annotations: dict[str, str], core_policy: str = "default") 
         args["core_policy"] = value
     if get("priority"):
         args["priority"] = number(*found["priority"], 0, 1)
+    if "oversubscribe" in found:
+        key, value = found["oversubscribe"]
+        if value not in ("true", "false"):
+            raise HamiError(key, value, "must be true or false")
+        args["oversubscribe"] = value == "true"
     if get("vgpu-devices-allocated"):
         key, value = found["vgpu-devices-allocated"]
         args["assigned"] = parse_assigned(key, value)

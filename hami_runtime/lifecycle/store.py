@@ -136,6 +136,8 @@ def entry_problem(name, entry) -> str:
         return f"core_policy={entry.get('core_policy')!r} is not one of {', '.join(CORE_POLICIES)}"
     if entry.get("priority") not in (0, 1) or isinstance(entry.get("priority"), bool):
         return f"priority={entry.get('priority')!r} is not 0 or 1"
+    if not isinstance(entry.get("oversubscribe", True), bool):  # older entries lack it
+        return f"oversubscribe={entry.get('oversubscribe')!r} is not true or false"
     if not _is_int(entry.get("pid", 0), 0, 1 << 31):
         return f"pid={entry.get('pid')!r} is not a process id"
     creator = entry.get("creator", {})

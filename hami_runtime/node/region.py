@@ -151,6 +151,7 @@ MAX_PROCS = _const("HAMI_MAX_PROCS")
 UUID_LEN = _const("HAMI_UUID_LEN")
 STATE_READY = _const("HAMI_REGION_READY")
 OWNER_RECLAIMING = _const("HAMI_OWNER_RECLAIMING")
+DEVICE_SPILL = _const("HAMI_DEVICE_SPILL")  # allocations the card cannot hold may use managed memory
 REGION_SIZE = ffi.sizeof("struct hami_region")
 
 POLICIES = {
@@ -168,11 +169,16 @@ STATES = {
 
 # Named tuples, not dataclasses: the runtime's create path writes a region,
 # and dataclasses loads inspect.
-class DeviceLimit(namedtuple("DeviceLimit", "uuid mem_limit_bytes sm_limit_pct")):
+class DeviceLimit(namedtuple("DeviceLimit", "uuid mem_limit_bytes sm_limit_pct flags", defaults=(0,))):
     __slots__ = ()
     uuid: str
     mem_limit_bytes: int  # 0 = no limit
     sm_limit_pct: int  # 0 or >= 100 = no limit
+    flags: int  # HAMI_DEVICE_* bits (DEVICE_SPILL); written as given, also by set_limits
+
+    @property
+    def spill(self) -> bool:
+        return bool(self.flags & DEVICE_SPILL)
 
 
 class DeviceUsage(namedtuple("DeviceUsage", "mem_used ctx_used sm_busy_ns launches")):
@@ -239,6 +245,8 @@ def validate_limits(devices: Sequence[DeviceLimit], core_policy: str, priority: 
             raise ValueError(f"devices[{i}].mem_limit_bytes: {dev.mem_limit_bytes!r} not a byte count")
         if not isinstance(dev.sm_limit_pct, int) or not 0 <= dev.sm_limit_pct <= 100:
             raise ValueError(f"devices[{i}].sm_limit_pct: {dev.sm_limit_pct!r} not in 0..100")
+        if not isinstance(dev.flags, int) or isinstance(dev.flags, bool) or not 0 <= dev.flags < 2**32:
+            raise ValueError(f"devices[{i}].flags: {dev.flags!r} not a 32-bit set of HAMI_DEVICE_* bits")
     if core_policy not in POLICIES:
         raise ValueError(f"core_policy: {core_policy!r} not one of {', '.join(POLICIES)}")
     if priority not in (0, 1):
@@ -256,10 +264,12 @@ def _fill_limits(cregion, devices: Sequence[DeviceLimit], core_policy: str, prio
             target.uuid = uuid + b"\0" * (UUID_LEN - len(uuid))
             target.mem_limit = devices[i].mem_limit_bytes
             target.sm_limit = devices[i].sm_limit_pct
+            target.flags = devices[i].flags
         else:
             target.uuid = b"\0" * UUID_LEN
             target.mem_limit = 0
             target.sm_limit = 0
+            target.flags = 0
 
 
 def image(devices: Sequence[DeviceLimit], core_policy: str = "default", priority: int = 1,
@@ -393,6 +403,7 @@ class Region:
                 uuid=ffi.string(c.devices[i].uuid, UUID_LEN).decode(errors="replace"),
                 mem_limit_bytes=c.devices[i].mem_limit,
                 sm_limit_pct=c.devices[i].sm_limit,
+                flags=c.devices[i].flags,
             )
             for i in range(c.device_count)
         ]

@@ -46,3 +46,11 @@ def test_sm_share_30_percent():
     share = run_probe(["sm", "--seconds", "5"], CUDA_DEVICE_SM_LIMIT=30,
                       GPU_CORE_UTILIZATION_POLICY="force")["mean"]  # alone, `default` is not held
     assert abs(100 * share / full - 30) <= 3
+
+
+def test_a_full_card_spills_to_managed_memory_within_the_limit():
+    card = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout.split()[0])
+    got = run_probe(["spill", "--mib", "1024", "--passes", "3", "--fill"], CUDA_OVERSUBSCRIBE="true",
+                    CUDA_DEVICE_MEMORY_LIMIT_0=f"{2 * card}m")
+    assert got["managed"] and got["filler_gib"] >= 1 and got["steady_gbs"] > 0

@@ -19,6 +19,8 @@ MiB = 1024 * 1024
     ([DeviceLimit("GPU-aaaa-bbbb", 3000 * MiB, 30), DeviceLimit("GPU-cc", 0, 100)], "force", 0),
     ([DeviceLimit(f"GPU-{i}", i * MiB, i) for i in range(region.MAX_DEVICES)], "disable", 1),
     ([DeviceLimit("G" * (region.UUID_LEN - 1), 2**64 - 1, 100)], "default", 0),
+    ([DeviceLimit("GPU-0", 20000 * MiB, 0, region.DEVICE_SPILL), DeviceLimit("GPU-1", MiB, 0)],
+     "default", 1),
 ])
 def test_round_trip(tmp_path, devices, policy, priority):
     path = region.create(tmp_path / "vgpu.region", devices, policy, priority)
@@ -48,6 +50,8 @@ def test_create_replaces_existing_region_atomically(tmp_path):
     ([DeviceLimit("G" * region.UUID_LEN, 0, 0)], "default", 1, "devices[0].uuid"),
     ([DeviceLimit("GPU-0", -1, 0)], "default", 1, "devices[0].mem_limit_bytes: -1"),
     ([DeviceLimit("GPU-0", 0, 101)], "default", 1, "devices[0].sm_limit_pct: 101"),
+    ([DeviceLimit("GPU-0", 0, 0, -1)], "default", 1, "devices[0].flags: -1"),
+    ([DeviceLimit("GPU-0", 0, 0, True)], "default", 1, "devices[0].flags: True"),
     ([], "sometimes", 1, "core_policy: 'sometimes'"),
     ([], "default", 2, "priority: 2"),
 ])

@@ -50,6 +50,8 @@ CASES = [
      "nvidia.com/gpumem", "20"),
     ("bad-policy", {"hami.io/gpumem": "10", "hami.io/core-policy": "max"}, None, None,
      "hami.io/core-policy", "max"),
+    ("bad-oversubscribe", {"hami.io/gpumem": "10", "hami.io/oversubscribe": "yes"}, None, None,
+     "hami.io/oversubscribe", "yes"),
     ("ambiguous-decision", {"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1,1:;GPU-b,NVIDIA,1,1:;"},
      None, None, "hami.io/vgpu-devices-allocated", None),
     ("env-unknown-index", "env:NVIDIA_VISIBLE_DEVICES=7", None, None, "NVIDIA_VISIBLE_DEVICES", "7"),

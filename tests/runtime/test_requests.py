@@ -31,6 +31,9 @@ UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
      dict(core_policy="force", priority=0)),
     ({"hami.io/vgpu-devices-allocated": f"{UUID_A},NVIDIA,2000,25:;"}, [],
      dict(count=1, assigned=((UUID_A, 2000, 25),))),
+    ({"hami.io/gpu": "1"}, [], dict(oversubscribe=True)),
+    ({"hami.io/gpu": "1", "hami.io/oversubscribe": "false"}, [], dict(oversubscribe=False)),
+    ({"hami.io/gpu": "1", "nvidia.com/oversubscribe": "true"}, [], dict(oversubscribe=True)),
     ({"hami.io/vgpu-devices-allocated": f"{UUID_A},NVIDIA,2000,25:{UUID_B},NVIDIA,1000,0:"}, [],
      dict(count=2, assigned=((UUID_A, 2000, 25), (UUID_B, 1000, 0)))),
     ({}, ["NVIDIA_VISIBLE_DEVICES=all"], dict(count=None, source="env")),
@@ -48,6 +51,7 @@ UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
     # keys that only shape a request ask for nothing by themselves
     ({"hami.io/priority": "0"}, [], None),
     ({"hami.io/core-policy": "force"}, [], None),
+    ({"hami.io/oversubscribe": "false"}, [], None),
     ({"hami.io/use-gputype": "A100", "nvidia.com/nouse-gpu-uuid": UUID_A}, [], None),
 ])
 def test_parses(annotations, env, expected):
@@ -91,6 +95,11 @@ def test_env_requests_can_be_turned_off():
     ({"hami.io/gpumem": "1", "nvidia.com/gpumem": "2"}, [], "nvidia.com/gpumem", "2"),
     ({"hami.io/gpu": "1", "hami.io/core-policy": "max"}, [], "hami.io/core-policy", "max"),
     ({"hami.io/gpu": "1", "hami.io/priority": "2"}, [], "hami.io/priority", "2"),
+    ({"hami.io/gpu": "1", "hami.io/oversubscribe": "no"}, [], "hami.io/oversubscribe", "no"),
+    ({"hami.io/gpu": "1", "hami.io/oversubscribe": "False"}, [], "hami.io/oversubscribe", "False"),
+    ({"hami.io/gpu": "1", "hami.io/oversubscribe": "true\n"}, [], "hami.io/oversubscribe", "true\n"),
+    ({"hami.io/gpu": "1", "hami.io/oversubscribe": "true", "nvidia.com/oversubscribe": "false"}, [],
+     "nvidia.com/oversubscribe", "false"),
     ({"hami.io/gpu": "1", "hami.io/gpu-uuid": UUID_A, "hami.io/nouse-gpu-uuid": UUID_A}, [],
      "hami.io/nouse-gpu-uuid", UUID_A),
     ({"hami.io/gpu": "1", "hami.io/gpu-uuid": "../etc"}, [], "hami.io/gpu-uuid", "../etc"),
@@ -134,6 +143,7 @@ def test_refuses_naming_key_and_value(annotations, env, key, value):
     {"hami.io/gpu": "1", "hami.io/core-policy": "max"}, {"nvidia.com/gpu": "x"},
     {"hami.io/vgpu-devices-allocated": "GPU-a,AMD,1,1:"}, {"hami.io/gpumem": "100\n"},
     {"hami.io/gpu": " 1"}, {"hami.io/gpu-uuid": "GPU-a\n"},
+    {"hami.io/gpu": "1", "hami.io/oversubscribe": "yes"},
 ])
 def test_schema_refuses_what_the_parser_refuses(annotations):
     with pytest.raises(jsonschema.ValidationError):

@@ -45,7 +45,9 @@ void sim_alloc_release(struct sim_alloc *a)
 {
     if (a->mapped)
         munmap((void *)a->base, a->mapped);
-    if (a->charged)
+    if (a->charged && a->managed)
+        sim_uncharge_host(a->charged);
+    else if (a->charged)
         sim_uncharge(a->dev, a->charged);
     free(a);
 }
@@ -114,7 +116,11 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
     return rc;
 }
 
-/* Managed memory is charged to the device at allocation (the sim does not migrate pages). */
+/* Managed memory lives in host pages that a real driver would move to the device on
+ * touch and back under pressure: here it stays host-backed, counted against the
+ * machine's host budget (host_memory_mib) and never against a device, so it succeeds
+ * beyond a device's free memory and leaves cuMemGetInfo and NVML's used memory as
+ * they were. It is reached like device memory (copies, fills, kernels) and from the host. */
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     struct sim_ctx *ctx;
@@ -123,7 +129,25 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
         return rc;
     if (!dptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
-    return sim_alloc_device(ctx, bytesize, dptr);
+    if (bytesize > sim_config()->host_memory_mib * SIM_MIB)
+        return CUDA_ERROR_OUT_OF_MEMORY;  /* never fits; and rounding it up could wrap */
+    uint64_t charge = sim_round_up(bytesize, SIM_PAGE);
+    if (sim_charge_host(charge) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t mapped = sim_round_up(bytesize, 4096);
+    void *p = map_backing(mapped);
+    struct sim_alloc *a = p ? malloc(sizeof *a) : NULL;
+    if (!a) {
+        if (p)
+            munmap(p, mapped);
+        sim_uncharge_host(charge);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *a = (struct sim_alloc){.base = (uintptr_t)p, .size = bytesize, .mapped = mapped, .charged = charge,
+                            .managed = 1, .dev = ctx->dev, .ctx = ctx};
+    sim_handle_put(a->base, SIM_KIND_ALLOC, a);
+    *dptr = (CUdeviceptr)a->base;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)

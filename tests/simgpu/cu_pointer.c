@@ -1,6 +1,9 @@
-/* Driver API: pointer attributes of device allocations (cuMemAlloc, pools) and of
- * page-locked host memory. Unified addressing: a device pointer and a page-locked
- * host pointer are the same address on both sides. */
+/* Driver API: pointer attributes of device allocations (cuMemAlloc, pools, managed) and
+ * of page-locked host memory. Unified addressing: a device pointer and a page-locked
+ * host pointer are the same address on both sides. Managed memory reads as the real
+ * driver's does: memory type device (the driver documents that managed memory may say
+ * device or host wherever its pages are), IS_MANAGED 1, its own address as host
+ * pointer, not IPC-capable. */
 #include "sim.h"
 
 #include <string.h>
@@ -12,6 +15,7 @@ struct pointer_info {
     uintptr_t base;
     size_t size;
     CUmemoryPool pool;
+    int managed;
 };
 
 static struct pointer_info look_up(CUdeviceptr ptr)
@@ -20,7 +24,7 @@ static struct pointer_info look_up(CUdeviceptr ptr)
     struct sim_alloc *a = sim_alloc_containing((uintptr_t)ptr, 1);
     if (a) {
         info = (struct pointer_info){CU_MEMORYTYPE_DEVICE, (CUcontext)a->ctx, a->dev, a->base, a->size,
-                                     (CUmemoryPool)a->pool};
+                                     (CUmemoryPool)a->pool, a->managed};
         return info;
     }
     uintptr_t base;
@@ -28,7 +32,7 @@ static struct pointer_info look_up(CUdeviceptr ptr)
     unsigned flags;
     struct sim_ctx *ctx = sim_ctx_current();
     if (sim_host_range((uintptr_t)ptr, &base, &size, &flags))
-        info = (struct pointer_info){CU_MEMORYTYPE_HOST, (CUcontext)ctx, ctx ? ctx->dev : 0, base, size, NULL};
+        info = (struct pointer_info){CU_MEMORYTYPE_HOST, (CUcontext)ctx, ctx ? ctx->dev : 0, base, size, NULL, 0};
     return info;
 }
 
@@ -42,16 +46,16 @@ static CUresult attribute(const struct pointer_info *in, CUpointer_attribute att
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: PUT(unsigned int, in->type); break;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: PUT(CUdeviceptr, ptr); break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        if (in->type != CU_MEMORYTYPE_HOST)
+        if (in->type != CU_MEMORYTYPE_HOST && !in->managed)
             return CUDA_ERROR_INVALID_VALUE;  /* device memory has no host address */
         PUT(void *, (void *)(uintptr_t)ptr);
         break;
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: PUT(unsigned char, 0); break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: PUT(unsigned long long, in->base); break;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: PUT(unsigned char, 0); break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: PUT(unsigned char, (unsigned char)in->managed); break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: PUT(int, in->dev); break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        PUT(unsigned char, in->type == CU_MEMORYTYPE_DEVICE && !in->pool);
+        PUT(unsigned char, in->type == CU_MEMORYTYPE_DEVICE && !in->pool && !in->managed);
         break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: PUT(CUdeviceptr, in->base); break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: PUT(size_t, in->size); break;

@@ -21,7 +21,7 @@
 #define SIM_MAX_PROCS 1024
 #define SIM_RING 32768                   /* kernel intervals remembered per device */
 #define SIM_STATE_MAGIC 0x3154535f4d495348ULL
-#define SIM_STATE_VERSION 3
+#define SIM_STATE_VERSION 4
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
 #define SIM_HEARTBEAT_NS 1000000000ULL
@@ -48,6 +48,7 @@ struct sim_config {
     int stale_seconds;                   /* another pid namespace's process: dead after this long without a heartbeat */
     uint64_t kernel_us;                  /* the run time of a kernel of a real image (no duration parameter) */
     int self_calls;                      /* 1: entry points call each other through their exported names */
+    uint64_t host_memory_mib;            /* host memory managed allocations may take, machine-wide */
 };
 /* The configuration, read once; NULL (after one stderr line) when it is bad. */
 const struct sim_config *sim_config(void);
@@ -67,6 +68,7 @@ struct sim_proc_slot {
     _Atomic uint64_t verified_ns;        /* when a process of its namespace last read its /proc entry */
     _Atomic uint64_t used[SIM_MAX_DEVICES];       /* bytes of device memory */
     _Atomic uint32_t contexts[SIM_MAX_DEVICES];   /* live contexts per device */
+    _Atomic uint64_t managed;            /* bytes of managed memory (host-backed pages) */
 };
 
 struct sim_interval {                    /* one kernel on a device's timeline */
@@ -99,6 +101,10 @@ uint64_t sim_now_ns(void);              /* CLOCK_MONOTONIC */
 /* Charge `bytes` of device memory to this process; 0, or -1 when the device is full. */
 int sim_charge(int dev, uint64_t bytes);
 void sim_uncharge(int dev, uint64_t bytes);
+/* Managed memory lives in host pages, counted apart from any device's memory: 0, or -1
+ * when the machine's managed memory would pass host_memory_mib. */
+int sim_charge_host(uint64_t bytes);
+void sim_uncharge_host(uint64_t bytes);
 void sim_context_count(int dev, int delta);
 /* Memory in use on a device by all live processes (dead ones are reclaimed first). */
 uint64_t sim_device_used(int dev);
@@ -171,7 +177,8 @@ struct sim_alloc {
     uintptr_t base;
     size_t size;                         /* bytes asked for */
     size_t mapped;                       /* bytes of host mapping behind it (0: none) */
-    uint64_t charged;                    /* device bytes charged (pool allocations: 0) */
+    uint64_t charged;                    /* device bytes charged (pool allocations: 0); managed: host bytes */
+    int managed;                         /* cuMemAllocManaged: host-backed pages, no device charge */
     int dev;
     struct sim_ctx *ctx;
     struct sim_pool *pool;               /* pool allocations */

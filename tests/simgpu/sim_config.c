@@ -72,6 +72,9 @@ static int apply(struct sim_config *c, const char *key, const char *value)
     } else if (!strcmp(key, "self_calls")) {
         if (parse_u64(value, 0, 1, &v)) return -1;
         c->self_calls = (int)v;
+    } else if (!strcmp(key, "host_memory_mib")) {
+        if (parse_u64(value, 0, 1ULL << 30, &v)) return -1;
+        c->host_memory_mib = v;
     } else if (!strcmp(key, "name")) {
         return copy_text(value, c->name, sizeof c->name);
     } else if (!strcmp(key, "driver_version")) {
@@ -152,7 +155,7 @@ static void load(void)
     struct sim_config c = {
         .devices = 2, .memory_mib = 16384, .sms = 132, .name = "HAMi Simulated GPU",
         .context_mib = 300, .driver_version = "550.54.15", .cuda_version = 12040,
-        .stale_seconds = 10, .kernel_us = 10,
+        .stale_seconds = 10, .kernel_us = 10, .host_memory_mib = 65536,
     };
     const char *path = getenv("HAMI_SIM_CONFIG");
     if (path && *path && load_file(path, &c))

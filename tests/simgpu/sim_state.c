@@ -281,6 +281,7 @@ static void reclaim(struct sim_state *s, int locked, const struct slot_id *dead,
             atomic_store(&p->used[d], 0);
             atomic_store(&p->contexts[d], 0);
         }
+        atomic_store(&p->managed, 0);
         __atomic_store_n(&p->live, 0, __ATOMIC_RELEASE);
     }
     if (!locked)
@@ -333,6 +334,7 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
                 atomic_store(&p->used[d], 0);
                 atomic_store(&p->contexts[d], 0);
             }
+            atomic_store(&p->managed, 0);
             __atomic_store_n(&p->live, 1, __ATOMIC_RELEASE);
             self_slot = i;
             if (s->slot_hwm < (uint32_t)i + 1)
@@ -397,6 +399,52 @@ void sim_uncharge(int dev, uint64_t bytes)
     _Atomic uint64_t *used = &s->procs[self_slot].used[sim_card(dev)];
     uint64_t cur = atomic_load(used);
     while (!atomic_compare_exchange_weak(used, &cur, cur > bytes ? cur - bytes : 0))
+        ;
+}
+
+static uint64_t sum_managed_locked(struct sim_state *s)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < (int)s->slot_hwm; i++)
+        if (s->procs[i].live)
+            total += atomic_load(&s->procs[i].managed);
+    return total;
+}
+
+int sim_charge_host(uint64_t bytes)
+{
+    struct sim_state *s = sim_state();
+    uint64_t budget = sim_config()->host_memory_mib * SIM_MIB;
+    if (!s || bytes > budget)
+        return -1;
+    state_lock(s);
+    struct sim_proc_slot *me = self_locked(s);
+    int rc = -1;
+    if (me) {
+        uint64_t used = sum_managed_locked(s);
+        if (used + bytes > budget) {
+            state_unlock(s);
+            sweep(s, 0);
+            state_lock(s);
+            used = sum_managed_locked(s);
+        }
+        if (used + bytes <= budget) {
+            atomic_fetch_add(&me->managed, bytes);
+            rc = 0;
+        }
+    }
+    state_unlock(s);
+    return rc;
+}
+
+void sim_uncharge_host(uint64_t bytes)
+{
+    struct sim_state *s = sim_state();
+    if (!s || self_slot < 0)
+        return;
+    _Atomic uint64_t *managed = &s->procs[self_slot].managed;
+    uint64_t cur = atomic_load(managed);
+    while (!atomic_compare_exchange_weak(managed, &cur, cur > bytes ? cur - bytes : 0))
         ;
 }
 
@@ -552,6 +600,7 @@ __attribute__((destructor)) static void release_self(void)
         atomic_store(&p->used[d], 0);
         atomic_store(&p->contexts[d], 0);
     }
+    atomic_store(&p->managed, 0);
     __atomic_store_n(&p->live, 0, __ATOMIC_RELEASE);
     self_slot = -1;
     state_unlock(s);
