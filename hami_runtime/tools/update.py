@@ -75,9 +75,9 @@ def _write_live(state_dir: str, name: str, reg, before: dict, after: dict) -> No
 
 
 def update(cfg, cid: str, change: resize.Change, runc_root: str | None = None,
-           gpus=None) -> tuple[str, dict, dict]:
-    """(allocation name, record before, record after); HamiError on a refusal,
-    with nothing changed."""
+           gpus=None) -> tuple[str, dict, dict, dict]:
+    """(allocation name, record before, record after, bytes in use per GPU UUID
+    when it was changed); HamiError on a refusal, with nothing changed."""
     if gpus is None:
         from ..node import discovery_cache
         gpus = discovery_cache.gpus(cfg)
@@ -107,7 +107,7 @@ def update(cfg, cid: str, change: resize.Change, runc_root: str | None = None,
     finally:
         if reg is not None:
             reg.close()
-    return name, before, after
+    return name, before, after, used
 
 
 def _describe(before: dict, after: dict) -> list[str]:
@@ -142,7 +142,12 @@ def update_command(ctx, container, gpumem, gpumem_percentage, gpucores, priority
     change = resize.parse(gpumem, gpumem_percentage, gpucores, priority, core_policy, device,
                           force)
     cfg = config_mod.load(ctx.obj["config_path"])
-    name, before, after = update(cfg, container, change, runc_root)
+    name, before, after, used = update(cfg, container, change, runc_root)
+    for d in after["devices"]:
+        if used.get(d["uuid"], 0) > d["mem_mib"] * MIB:
+            click.echo(f"hamictl: GPU {d['index']} ({d['uuid']}): the container uses "
+                       f"{-(-used[d['uuid']] // MIB)} MiB, over its new {d['mem_mib']} MiB: its "
+                       "allocations are refused until use falls below that", err=True)
     if as_json:
         click.echo(json.dumps({"name": name, **after}, indent=1, sort_keys=True))
     else:

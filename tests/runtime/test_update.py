@@ -121,6 +121,9 @@ def test_update_granted(node, uuids, held, others, used, options, after, policy,
     proc = update(node, "c", *options)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("c: GPU ")
+    # a forced shrink below use says so (one line per such GPU); anything else is silent
+    over = [n for n, (mib, (limit, _)) in enumerate(zip(used, after)) if mib > limit]
+    assert proc.stderr.count("over its new") == len(over), proc.stderr
     entry = matches(node, name)
     assert [(d["mem_mib"], d["cores"]) for d in entry["devices"]] == after
     assert (entry["core_policy"], entry["priority"]) == (policy, priority)
