@@ -143,8 +143,8 @@ def update_command(ctx, container, gpumem, gpumem_percentage, gpucores, priority
                           force)
     cfg = config_mod.load(ctx.obj["config_path"])
     name, before, after, used = update(cfg, container, change, runc_root)
-    for d in after["devices"]:
-        if used.get(d["uuid"], 0) > d["mem_mib"] * MIB:
+    for old, d in zip(before["devices"], after["devices"]):
+        if d["mem_mib"] != old["mem_mib"] and used.get(d["uuid"], 0) > d["mem_mib"] * MIB:
             click.echo(f"hamictl: GPU {d['index']} ({d['uuid']}): the container uses "
                        f"{-(-used[d['uuid']] // MIB)} MiB, over its new {d['mem_mib']} MiB: its "
                        "allocations are refused until use falls below that", err=True)
