@@ -10,6 +10,7 @@ from hami_runtime.node import region
 from tests.conftest import BUILD, ROOT
 
 from .conftest import MIB
+from .test_views_nvml import pynvml_view
 
 RESIZE_PROBE = BUILD / "tests" / "resize_probe"
 
@@ -51,7 +52,7 @@ def running(probe):
     proc.close()
 
 
-def test_memory_grow_then_forced_shrink(running):
+def test_memory_grow_then_forced_shrink(running, probe):
     proc, reg = running
     assert proc.ask("info")["total"] == 1024 * MIB
     assert proc.ask("alloc 600")["rc"] == 0
@@ -64,6 +65,8 @@ def test_memory_grow_then_forced_shrink(running):
     reg.update_live(mem_limits={0: 512 * MIB})      # forced below use: nothing is freed
     info = proc.ask("info")
     assert (info["total"], info["free"]) == (512 * MIB, 0)   # free clamps, never underflows
+    (total, used_view, free, *_), _ = pynvml_view(probe)    # NVML, from another process
+    assert (total, used_view, free) == (512 * MIB, 512 * MIB, 0)
     assert reg.used_bytes(0) == used
     assert proc.ask("alloc 2")["rc"] == 2            # every allocation refused ...
     assert proc.ask("free")["n"] == 2
