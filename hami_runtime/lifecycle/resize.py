@@ -73,21 +73,27 @@ def parse(gpumem=None, gpumem_percentage=None, gpucores=None, priority=None, cor
     return change
 
 
-def find(allocations: Mapping[str, Mapping], cid: str, root_name: str | None = None) -> str:
+def find(allocations: Mapping[str, Mapping], cid: str, root_name: str | None = None,
+         invalid: Mapping[str, Mapping] = {}) -> str:
     """The allocation name of container `cid` (`root_name`: the name that --root
-    gives, when the caller named a root). One line when none or two match."""
+    gives, when the caller named a root). One line when none or two match; an
+    entry kept apart as invalid is named as such (hamictl doctor repairs it)."""
     if root_name is not None:
-        if root_name not in allocations:
-            raise HamiError("container", cid, "has no GPU allocation under that runc root")
-        return root_name
-    names = sorted(n for n, e in allocations.items() if e.get("id") == cid)
-    if not names:
-        raise HamiError("container", cid, "has no GPU allocation on this node")
+        names = [root_name] if root_name in allocations else []
+    else:
+        names = sorted(n for n, e in allocations.items() if e.get("id") == cid)
     if len(names) > 1:
         roots = ", ".join(sorted(allocations[n]["runc_root"] for n in names))
         raise HamiError("container", cid, f"is held under {len(names)} runc roots ({roots}): "
                         "name one with --root")
-    return names[0]
+    if names:
+        return names[0]
+    for name, bad in sorted(invalid.items()):
+        if name == root_name or (root_name is None and name.rpartition("@")[0] == cid):
+            raise HamiError("container", cid, f"its allocation entry {name!r} is invalid "
+                            f"({bad.get('reason')}): run hamictl doctor")
+    where = "under that runc root" if root_name is not None else "on this node"
+    raise HamiError("container", cid, f"has no GPU allocation {where}")
 
 
 def targets(entry: Mapping, device: str | None) -> list[int]:

@@ -90,13 +90,14 @@ def update(cfg, cid: str, change: resize.Change, runc_root: str | None = None,
     try:
         with store.transaction(cfg.state_dir) as state:
             wanted = store.alloc_name(runc_root, cid) if runc_root is not None else None
-            name = resize.find(state.allocations, cid, wanted)
+            name = resize.find(state.allocations, cid, wanted, state.invalid)
             before = state.allocations[name]
             reg = _open_region(cfg.state_dir, name, before)
             used = {d["uuid"]: _used_now(reg, i) for i, d in enumerate(before["devices"])}
             others = [e for n, e in state.allocations.items() if n != name]
             blocked = allocator.blocked(state.invalid, state.allocations.values(), gpus, caps)
             after = resize.resize(before, change, caps, others, used, blocked)
+            # the priority changes only through apply_priority
             after["priority"] = before["priority"]
             if change.priority is not None:
                 apply_priority(state, name, after, change.priority, reg)

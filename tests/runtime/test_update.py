@@ -331,3 +331,14 @@ def test_racing_updates_of_live_containers_keep_regions_matching(node, uuids):
     _check_capacity(node.state_dir)
     for name in names:
         matches(node, name)
+
+
+def test_invalid_entry_is_named(node, uuids):
+    name = seed(node, "bad", [(0, uuids[0], 1000, 0)])
+    with store.transaction(str(node.state_dir)) as state:
+        entry = state.allocations.pop(name)
+        state.invalid[name] = {"entry": entry, "reason": "devices[0].cores=-1 is not a whole number"}
+    proc = update(node, "bad", "--gpumem", "2000")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert f"its allocation entry '{name}' is invalid" in proc.stderr
+    assert "run hamictl doctor" in proc.stderr
