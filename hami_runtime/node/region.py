@@ -442,8 +442,8 @@ class Region:
                     priority: int | None = None) -> None:
         """Changes the limits of a region in use (hamictl update): only the fields
         given, each with one aligned store (a uint64_t or uint32_t field of a cffi
-        struct is written whole), in the order region.h's protocol names. The UUIDs
-        and the device count never change here."""
+        struct is written whole; region.h's protocol says why no order between
+        fields is needed). The UUIDs and the device count never change here."""
         c = self._writable()
         count = c.device_count
         mem_limits, sm_limits = mem_limits or {}, sm_limits or {}

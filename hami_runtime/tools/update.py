@@ -55,16 +55,13 @@ def _open_region(state_dir: str, name: str, entry: dict):
     return reg
 
 
-def _write_live(state_dir: str, name: str, reg, before: dict, after: dict) -> None:
-    """After the commit: the region, then the host-only copy a rebuild reads."""
-    mem, sm = {}, {}
-    for i, (old, new) in enumerate(zip(before["devices"], after["devices"])):
-        if new["mem_mib"] != old["mem_mib"]:
-            mem[i] = new["mem_mib"] * MIB
-        if new["cores"] != old["cores"]:
-            sm[i] = new["cores"]
-    policy = after["core_policy"] if after["core_policy"] != before["core_policy"] else None
-    reg.update_live(mem_limits=mem, sm_limits=sm, core_policy=policy)
+def _write_live(state_dir: str, name: str, reg, after: dict) -> None:
+    """After the commit: the region (every size and the policy, as the record now
+    says: a field written with the value it holds is left as it was), then the
+    host-only copy a rebuild reads."""
+    reg.update_live(mem_limits={i: d["mem_mib"] * MIB for i, d in enumerate(after["devices"])},
+                    sm_limits={i: d["cores"] for i, d in enumerate(after["devices"])},
+                    core_policy=after["core_policy"])
     private = store.private_dir(state_dir, name)
     if os.path.isdir(private) and not os.path.islink(private):
         from ..files import atomic_write
@@ -103,8 +100,7 @@ def update(cfg, cid: str, change: resize.Change, runc_root: str | None = None,
                 apply_priority(state, name, after, change.priority, reg)
             after["updated_at"] = time.time()
             state.allocations[name] = after
-            state.after_commit.insert(0, lambda: _write_live(cfg.state_dir, name, reg, before,
-                                                             after))
+            state.after_commit.insert(0, lambda: _write_live(cfg.state_dir, name, reg, after))
     finally:
         if reg is not None:
             reg.close()
