@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ORDER = ["libvgpu_overhead.py", "sm_accuracy.py", "runtime_latency.py", "runtime_allocator.py"]
+ORDER = ["libvgpu_overhead.py", "sm_accuracy.py", "runtime_latency.py", "runtime_allocator.py",
+         "resize_latency.py"]
 
 
 def main() -> int:

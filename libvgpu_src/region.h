@@ -30,6 +30,20 @@
  *   taken by CAS to the reclaimer's owner value before zeroing and put back to
  *   0 before `owner` is; a reclaimer killed half-way leaves a token naming a
  *   dead process, which the next reclaimer takes over the same way.
+ * - Live changes (hamictl update, under the runtime's node lock, after the
+ *   allocation record is written): only `devices[i].sm_limit`, `core_policy`,
+ *   `devices[i].mem_limit` and `priority` change, each with one aligned store
+ *   of the whole field (never `uuid` or `device_count`), so no reader sees a
+ *   torn value. Each field is a complete setting alone and no reader needs
+ *   two of them to agree: a reader that reads two mid-update sees at worst
+ *   one old and one new value for one call, so no order is relied on (the
+ *   runtime writes SM share and policy, then memory, then priority).
+ *   libvgpu keeps no copy of them: every allocation, launch and view reads
+ *   the region, so all processes follow at their next call. A memory limit
+ *   may be set below what the slots hold (a forced shrink): nothing is
+ *   freed, every charge is refused until the sum falls below it (a charge
+ *   compares the sum with the limit it loaded, one 64-bit load), and views
+ *   clamp free to 0.
  */
 #ifndef HAMI_REGION_H
 #define HAMI_REGION_H

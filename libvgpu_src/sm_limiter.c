@@ -4,7 +4,7 @@
  * and charged with each launch's MEASURED device time.
  *
  * A device is limited when its sm_limit is 1..99 and the policy is not
- * `disable`. Otherwise a launch costs one load and one branch: no event, lock
+ * `disable`. Otherwise a launch costs a few loads and branches: no event, lock
  * or clock. `force` always holds the share. `default` holds it only while
  * processes of OTHER containers have recently used the device, as the
  * driver's per-process utilisation says (a container cannot forge what the
@@ -130,7 +130,8 @@ struct sm_driver {
     nvmlReturn_t (*nvml_running)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 };
 
-/* Decided once per process and device: the hot path reads one byte. */
+/* Cached per process and device (OFF looked at again per launch, see
+ * hami_sm_before_launch): the hot path reads one byte and the region. */
 static uint8_t sm_mode[HAMI_MAX_DEVICES];
 static struct sm_local sm_local[HAMI_MAX_DEVICES];
 static struct sm_driver sm_drv;
@@ -192,10 +193,12 @@ static void sm_init_once(void)
     pthread_atfork(NULL, NULL, sm_after_fork_child);
 }
 
-/* The share (percent) that applies to `dev` now, 0 when none. */
+/* The share (percent) that applies to `dev` now, 0 when none. Read from the
+ * region at every call: hamictl update changes limit and policy live. */
 static uint32_t sm_share(struct hami_region *region, int dev)
 {
-    if (!region || (uint32_t)dev >= region->device_count || region->core_policy == HAMI_POLICY_DISABLE)
+    if (!region || (uint32_t)dev >= region->device_count ||
+        __atomic_load_n(&region->core_policy, __ATOMIC_RELAXED) == HAMI_POLICY_DISABLE)
         return 0;
     uint32_t limit = __atomic_load_n(&region->devices[dev].sm_limit, __ATOMIC_RELAXED);
     return (limit == 0 || limit >= 100) ? 0 : limit;
@@ -525,7 +528,7 @@ static void sm_sleep(int64_t ns)
 
 static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
 {
-    if (mode == SM_UNKNOWN && sm_decide(dev) == SM_OFF)
+    if (mode != SM_ON && sm_decide(dev) == SM_OFF)
         return;
     struct hami_region *region = hami_region_get();
     pthread_once(&sm_once, sm_init_once);
@@ -549,7 +552,8 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         int window_open = sm_window_open(loc);
         /* alone, only the window applies: it bounds the work queued ahead, and
          * so how long a neighbour's arrival takes to be felt */
-        int free_run = region->core_policy == HAMI_POLICY_DEFAULT && sm_alone(loc, now);
+        int free_run = __atomic_load_n(&region->core_policy, __ATOMIC_RELAXED) == HAMI_POLICY_DEFAULT &&
+                       sm_alone(loc, now);
         int64_t tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
         if ((free_run || tokens > 0) && window_open) {
             billed = !free_run;
@@ -634,11 +638,15 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
     }
 }
 
+/* OFF is never final: a device found unlimited is looked at again at each launch
+ * (two loads from the mapped region), so a share set later by hamictl update holds
+ * from the next launch. ON stays ON (a lifted share makes the slow path return). */
 void hami_sm_before_launch(int dev, CUstream stream)
 {
     uint8_t mode = (uint32_t)dev < HAMI_MAX_DEVICES ? __atomic_load_n(&sm_mode[dev], __ATOMIC_RELAXED)
                                                     : SM_OFF;
-    if (__builtin_expect(mode == SM_OFF, 1))
+    if (__builtin_expect(mode == SM_OFF, 1) &&
+        ((uint32_t)dev >= HAMI_MAX_DEVICES || !sm_share(hami_region_get(), dev)))
         return;
     sm_before_slow(dev, stream, mode);
 }

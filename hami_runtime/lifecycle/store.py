@@ -7,7 +7,8 @@ Layout of the state dir:
   allocations.lock    the lock (a separate file, so the rename keeps it valid)
   containers/<name>/  the shared-region dir, mounted into the container
   private/<name>/     host-only files: ld.so.preload, owner.json, pid (the
-                      container's host PID, written by the createRuntime hook)
+                      container's host PID, written by the createRuntime hook),
+                      resized.json (devices, policy, priority after hamictl update)
 
 An allocation belongs to a (runc root, container id) pair: containerd keeps a
 runc root per namespace and two namespaces may use the same id. Its <name> is
@@ -54,6 +55,7 @@ SUBDIRS = ("containers", "private")
 MARKER = "hami.io/allocation"
 PID_FILE = "pid"
 OWNER_FILE = "owner.json"
+RESIZED_FILE = "resized.json"  # hamictl update's sizes, over the bundle's (rebuild)
 MAX_STATE_BYTES = 16 << 20
 MAX_SMALL_FILE = 64 << 10
 MAX_DEVICES = 16
@@ -309,6 +311,10 @@ def rebuild(state_dir: str) -> dict[str, dict]:
         entry = _marker_of(bundle) if isinstance(bundle, str) else None
         if isinstance(entry, dict) and entry.get("id") == cid:
             entry.update(runc_root=root, bundle=bundle, creator=creator)
+            resized = read_json(os.path.join(state_dir, "private", name, RESIZED_FILE))
+            if isinstance(resized, dict):  # checked with the rest by entry_problem
+                entry.update({k: resized[k] for k in ("devices", "core_policy", "priority")
+                              if k in resized})
             if not entry_problem(name, entry):
                 found[name] = entry
     return found
@@ -320,6 +326,9 @@ class State:
         self.allocations = allocations
         self.invalid = invalid          # name -> {"entry": as found, "reason": why}
         self.freed: list = []
+        # Run after the state file is written, the lock still held (hamictl
+        # update writes a container's region only once its record is durable).
+        self.after_commit: list = []
 
     def reconcile(self) -> None:
         for name in [n for n, e in self.allocations.items() if not entry_alive(e)]:
@@ -434,6 +443,8 @@ def transaction(state_dir: str, reconcile: bool = True) -> Iterator[State]:
             atomic_write(os.path.join(state_dir, STATE_FILE),
                          (json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n").encode(),
                          0o644)
+        for step in state.after_commit:
+            step()
     finally:
         os.close(lock_fd)
 

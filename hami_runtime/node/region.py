@@ -463,6 +463,34 @@ class Region:
         validate_limits(devices, core_policy, priority)
         _fill_limits(c, devices, core_policy, priority)
 
+    def update_live(self, mem_limits: dict[int, int] | None = None,
+                    sm_limits: dict[int, int] | None = None, core_policy: str | None = None,
+                    priority: int | None = None) -> None:
+        """Changes the limits of a region in use (hamictl update): only the fields
+        given, each with one aligned store (a uint64_t or uint32_t field of a cffi
+        struct is written whole; region.h's protocol says why no order between
+        fields is needed). The UUIDs and the device count never change here."""
+        c = self._writable()
+        count = c.device_count
+        mem_limits, sm_limits = mem_limits or {}, sm_limits or {}
+        for i, value in list(mem_limits.items()) + list(sm_limits.items()):
+            if not 0 <= i < count:
+                raise IndexError(f"device: {i} not in 0..{count - 1}")
+        current = self.devices
+        validate_limits([DeviceLimit(d.uuid, mem_limits.get(i, d.mem_limit_bytes),
+                                     sm_limits.get(i, d.sm_limit_pct))
+                         for i, d in enumerate(current)],
+                        self.core_policy if core_policy is None else core_policy,
+                        self.priority if priority is None else priority)
+        for i, pct in sm_limits.items():
+            c.devices[i].sm_limit = pct
+        if core_policy is not None:
+            c.core_policy = POLICIES[core_policy]
+        if priority is not None:
+            c.priority = priority
+        for i, limit in mem_limits.items():
+            c.devices[i].mem_limit = limit
+
     def set_host_pid(self, pid: int, host_pid: int) -> int:
         """Records the host pid of every live slot of container pid `pid`; returns how many."""
         c = self._writable()

@@ -132,3 +132,4 @@ def main(argv=None) -> int:
 from .top import top_command; cli.add_command(top_command)  # noqa: E402
 from .metrics import metrics_command; cli.add_command(metrics_command)  # noqa: E402
 from .doctor import doctor_command; cli.add_command(doctor_command)  # noqa: E402
+from .update import update_command; cli.add_command(update_command)  # noqa: E402

@@ -2,9 +2,15 @@
  * Allocates device memory through the CUDA driver API, one allocation per
  * argument (MiB), and prints "alloc <MiB> <result>" for each; linked against
  * libcuda.so.1 so that a preloaded libvgpu interposes it as in any CUDA app.
+ *
+ * `cuda_alloc keep <MiB> <seconds>`: keeps allocating <MiB> at a time for that
+ * long, holding all of it; a refusal is retried every 20 ms (a live resize lets
+ * it get further). What it holds shows in the container's region.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 
@@ -29,6 +35,17 @@ int main(int argc, char **argv)
         return 2;
     if (cuMemGetInfo_v2(&free_bytes, &total_bytes) == CUDA_SUCCESS)
         printf("total %zu\n", total_bytes >> 20);
+    if (argc == 4 && !strcmp(argv[1], "keep")) {
+        size_t step = strtoull(argv[2], NULL, 10) << 20;
+        time_t until = time(NULL) + atoi(argv[3]);
+        struct timespec pause = {0, 20000000};
+        while (time(NULL) < until) {
+            CUdeviceptr ptr = 0;
+            if (cuMemAlloc_v2(&ptr, step) != CUDA_SUCCESS)
+                nanosleep(&pause, NULL);
+        }
+        return 0;
+    }
     for (int i = 1; i < argc; i++) {
         CUdeviceptr ptr = 0;
         size_t mib = strtoull(argv[i], NULL, 10);
