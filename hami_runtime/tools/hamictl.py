@@ -1,6 +1,7 @@
 """hamictl: the operator's view of the node (GPUs, allocations).
 
-Other commands register themselves at the bottom (cli.add_command).
+Commands of other modules are named in OTHER_COMMANDS and imported only when
+used: `hamictl update` must not pay for the metrics server's imports.
 """
 from __future__ import annotations
 
@@ -42,7 +43,28 @@ def allocations(cfg):
     return state_now(cfg)[0]
 
 
-@click.group()
+# command name -> (module in hami_runtime.tools, attribute)
+OTHER_COMMANDS = {
+    "top": ("top", "top_command"),
+    "metrics": ("metrics", "metrics_command"),
+    "doctor": ("doctor", "doctor_command"),
+    "update": ("update", "update_command"),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(OTHER_COMMANDS))
+
+    def get_command(self, ctx, name):
+        if name in OTHER_COMMANDS and name not in self.commands:
+            import importlib
+            module, attr = OTHER_COMMANDS[name]
+            self.add_command(getattr(importlib.import_module(f"{__package__}.{module}"), attr), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup)
 @click.option("--config", "config_path", envvar="HAMI_CONFIG", default=None,
               help="config file (default $HAMI_CONFIG or /etc/hami/config.toml)")
 @click.pass_context
@@ -126,10 +148,3 @@ def main(argv=None) -> int:
         return 1
     return 0
 
-
-# Commands from other modules register here, one line each:
-# from .top import top; cli.add_command(top)
-from .top import top_command; cli.add_command(top_command)  # noqa: E402
-from .metrics import metrics_command; cli.add_command(metrics_command)  # noqa: E402
-from .doctor import doctor_command; cli.add_command(doctor_command)  # noqa: E402
-from .update import update_command; cli.add_command(update_command)  # noqa: E402
