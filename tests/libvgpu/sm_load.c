@@ -11,7 +11,8 @@
  * converted to CLOCK_MONOTONIC through a reference event recorded on an idle
  * stream). The window starts at -s (an absolute CLOCK_MONOTONIC time, so that
  * processes started together measure the same seconds) or after -w seconds.
- * Output, one JSON line: {"completed": N, "seconds": T, "kernel_us": U,
+ * Output, one JSON line: {"completed": N, "launched": L (every launch, in the window
+ * or not; each one was waited for, so all of them completed), "seconds": T, "kernel_us": U,
  * "ready_s": when launching began relative to the window, "per_second": [...],
  * "per_tenth": [...] (completions per 100 ms, for switching times)}.
  *
@@ -78,6 +79,7 @@ static struct {
 struct launcher {
     pthread_t thread;
     long completed;
+    long launched;
     long per_second[MAX_SECONDS];
     long per_tenth[MAX_SECONDS * 10];
 };
@@ -128,8 +130,10 @@ static void *launcher_run(void *arg)
             retired++;
             continue;
         }
-        if (stop)
+        if (stop) {
+            me->launched = launched;
             break;
+        }
         CUstream stream = cfg.streams[launched % cfg.nstreams];
         HARNESS_BEFORE(stream);
         CUresult r = launch_one(stream, params);
@@ -218,19 +222,20 @@ int main(int argc, char **argv)
         if (pthread_create(&launchers[i].thread, NULL, launcher_run, &launchers[i]))
             die("pthread_create", CUDA_ERROR_OPERATING_SYSTEM);
     static long per_second[MAX_SECONDS], per_tenth[MAX_SECONDS * 10];
-    long completed = 0;
+    long completed = 0, launched = 0;
     int nsec = (int)(seconds + 0.999), ntenth = (int)(seconds * 10 + 0.999);
     for (int i = 0; i < nthreads; i++) {
         pthread_join(launchers[i].thread, NULL);
         completed += launchers[i].completed;
+        launched += launchers[i].launched;
         for (int s = 0; s < nsec; s++)
             per_second[s] += launchers[i].per_second[s];
         for (int s = 0; s < ntenth; s++)
             per_tenth[s] += launchers[i].per_tenth[s];
     }
 
-    printf("{\"completed\": %ld, \"seconds\": %g, \"kernel_us\": %llu, \"ready_s\": %.3f, "
-           "\"per_second\": [", completed, seconds, cfg.kernel_us, ready_s);
+    printf("{\"completed\": %ld, \"launched\": %ld, \"seconds\": %g, \"kernel_us\": %llu, "
+           "\"ready_s\": %.3f, \"per_second\": [", completed, launched, seconds, cfg.kernel_us, ready_s);
     for (int i = 0; i < nsec; i++)
         printf("%s%ld", i ? ", " : "", per_second[i]);
     printf("], \"per_tenth\": [");
