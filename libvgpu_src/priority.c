@@ -306,7 +306,8 @@ int hami_priority_launch_slow(void)
         return -1;
     int64_t idle = hami_config.priority_idle_ns;
     int64_t now = prio_now();
-    int64_t paused = 0;
+    struct hami_region *r = hami_region_get();
+    uint64_t *paused_ns = r && p->region_index >= 0 ? &r->sm[p->region_index].paused_ns : NULL;
     for (;;) {
         pthread_mutex_lock(&p->lock);
         if (now >= p->next_list_ns)
@@ -317,13 +318,9 @@ int hami_priority_launch_slow(void)
             break;
         prio_sleep(wait);
         int64_t then = prio_now();
-        paused += then - now;
+        if (paused_ns)                           /* chunk by chunk: a reader sees "paused now" */
+            __atomic_add_fetch(paused_ns, (uint64_t)(then - now), __ATOMIC_RELAXED);
         now = then;
-    }
-    if (paused) {
-        struct hami_region *r = hami_region_get();
-        if (r && p->region_index >= 0)
-            __atomic_add_fetch(&r->sm[p->region_index].paused_ns, (uint64_t)paused, __ATOMIC_RELAXED);
     }
     if (!__atomic_load_n(&p->high, __ATOMIC_ACQUIRE))
         return -1;

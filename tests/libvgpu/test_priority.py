@@ -4,8 +4,9 @@ hami_runtime/lifecycle/priority_board.py does).
 
 A low-priority spin loop runs alone at the full rate, nearly stops while a
 high-priority process works on the same GPU, and resumes once that one has been
-idle past the idle time, having lost no launch. Two high-priority processes do
-not pause each other. A stamp the board does not link (a low-priority
+idle past the idle time, having lost no launch; a high-priority kernel longer
+than the idle time keeps it paused while the high one waits for it. Two
+high-priority processes do not pause each other. A stamp the board does not link (a low-priority
 container writing its own stamp) pauses nobody.
 
 Timed on a shared machine: direction and generous bounds only; the figures
@@ -13,6 +14,7 @@ come from bench/sm_accuracy.py."""
 import mmap
 import os
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -138,3 +140,28 @@ def test_an_unlinked_stamp_pauses_nobody(board):
     assert share_v >= 25, f"the neighbour got {share_v:.0f}%: an unlinked stamp paused it"
     with region.open(victim.region) as r:
         assert r._region().sm[0].paused_ns == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_kernel_longer_than_the_idle_time_keeps_low_work_out(board):
+    """The high one launches one 1.5 s kernel and waits for it (cuEventSynchronize);
+    with an idle time of 200 ms the low one stays paused for the whole kernel, not
+    just its first 200 ms (its paused time says so), then goes on."""
+    low = board.container("low", high=False)
+    high = board.container("high", high=True)
+    start_at = time.monotonic_ns() + int(sm_load.WARMUP_S * 1e9)
+    state = board.root / "device.state"
+    low_proc = sm_load.start(low, state, 4.0, start_at)
+    opens = start_at + int(1e9)
+    time.sleep(max(0.0, (opens - time.monotonic_ns()) / 1e9 - 0.3))
+    # one kernel: it is launched when the process is ready, and waited for past the window
+    high_proc = subprocess.Popen(
+        [str(sm_load.SM_LOAD), "-u", "1500000", "-t", "0.1", "-q", "1", "-s", str(opens)],
+        env=sm_load.load_env(high, state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    result, high_result = sm_load.finish(low_proc, 4.0), sm_load.finish(high_proc, 0.1)
+    assert high_result["launched"] == 1, high_result
+    with region.open(low.region) as r:
+        paused_s = r._region().sm[0].paused_ns / 1e9
+    series = " ".join(map(str, result["per_tenth"]))
+    assert 1.0 <= paused_s <= 3.0, f"paused {paused_s:.2f} s through a 1.5 s kernel: {series}"
+    assert rate(result["per_tenth"], 3.3, 4.0) >= 5, f"did not go on after it: {series}"
