@@ -4,7 +4,11 @@ allocation unlinks it; the container gets the board read-only and its stamps
 read-write; nothing a caller or a container names reaches a path unchecked."""
 import json
 import os
+import shutil
 import stat
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -187,17 +191,64 @@ def test_idle_time_comes_from_the_node_config(node):
 
 
 def test_a_high_priority_container_sees_the_board_read_only(node):
-    """Inside, the board entry is its own stamp (one inode), and writing the
+    """Inside, the board entry is its own stamp (one device and inode, as libvgpu
+    compares them), and writing the
     board fails while writing the stamp works."""
     bundle = node.bundle("hi", {"hami.io/gpumem": "1000", "hami.io/priority": "0"}, args=(
         "sh", "-c",
         'u=$(ls /usr/local/vgpu/shared/activity); e=$(ls /usr/local/vgpu/priority/$u); '
-        'stat -c %i /usr/local/vgpu/shared/activity/$u /usr/local/vgpu/priority/$u/$e; '
+        'stat -c %d:%i /usr/local/vgpu/shared/activity/$u /usr/local/vgpu/priority/$u/$e; '
         'echo x > /usr/local/vgpu/priority/$u/$e && echo board-writable; '
         'echo x > /usr/local/vgpu/shared/activity/$u && echo stamp-writable'))
     proc = node.runtime("run", "--bundle", str(bundle), "hi")
     out = (proc.stdout + proc.stderr)
     assert proc.returncode == 0, out
-    inodes = [line for line in proc.stdout.splitlines() if line.isdigit()]
+    inodes = [line for line in proc.stdout.splitlines() if line.replace(":", "").isdigit()]
     assert len(inodes) == 2 and inodes[0] == inodes[1], out
     assert "board-writable" not in proc.stdout and "stamp-writable" in proc.stdout, out
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SM_LOAD = ROOT / "build" / "tests" / "sm" / "sm_load"
+
+
+@pytest.mark.timeout(300)
+def test_low_priority_container_waits_for_a_high_priority_one(node):
+    """The whole chain, two containers on one GPU: the low one's kernel loop
+    nearly stops while the high one works and goes on after it. Direction only."""
+    subprocess.run(["make", "-s", "-C", str(ROOT), "sm-tests"], check=True, timeout=240,
+                   stdout=subprocess.DEVNULL)
+    shutil.copy2(SM_LOAD, node.rootfs / "bin" / "sm_load")
+    uuid = json.loads(node.hamictl("gpus", "--json").stdout)[0]["uuid"]
+    start_at = time.monotonic_ns() + int(2e9)
+
+    def container(cid, priority, at_s, seconds):
+        bundle = node.bundle(cid, {"hami.io/gpumem": "1000", "hami.io/gpu-uuid": uuid,
+                                   "hami.io/priority": priority},
+                             args=("sm_load", "-u", "10000", "-t", str(seconds),
+                                   "-s", str(start_at + int(at_s * 1e9))))
+        out = open(node.tmp / f"{cid}.out", "wb")
+        proc = subprocess.Popen(node.runtime_argv("run", "--bundle", str(bundle), cid),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=node.env, cwd=node.tmp)
+        return proc, out
+
+    low = container("low", "1", 0.0, 5.0)
+    time.sleep(max(0.0, (start_at - time.monotonic_ns()) / 1e9 + 1.5))
+    high = container("high", "0", 2.0, 1.5)
+    results = {}
+    for cid, (proc, out) in (("high", high), ("low", low)):
+        assert proc.wait(60) == 0, (node.tmp / f"{cid}.out").read_text()
+        out.close()
+        results[cid] = json.loads((node.tmp / f"{cid}.out").read_text().strip().splitlines()[-1])
+    tenths = results["low"]["per_tenth"]
+    began = 2.0 + results["high"]["ready_s"]     # the high one launches once it is ready
+
+    def rate(begin, end):
+        part = tenths[int(begin * 10):int(end * 10)]
+        return sum(part) / max(len(part), 1)
+
+    series = f"high launching from {began:.2f} s; low per tenth: " + " ".join(map(str, tenths))
+    alone, during, after = rate(0.3, began - 0.1), rate(began + 0.8, 3.5), rate(4.5, 5.0)
+    assert alone >= 5 and during <= 0.25 * alone and after >= 0.6 * alone, series
+    assert results["high"]["completed"] >= 0.7 * 150, results["high"]
