@@ -17,7 +17,19 @@ tenths average at most share + 10 points) and how long after the neighbour's
 last launch it ran free again (three tenths averaging at least 90 %). Each
 time is counted to the end of the first such tenth: a bound, to 100 ms.
 
-    .venv/bin/python bench/sm_accuracy.py [--seconds 10] [--kernel-us 10000]
+Priority (a board in the work dir, as the runtime makes it; idle time 200 ms):
+a high-priority process alone, then next to a busy low-priority one (both
+start together), each against its own unlimited reference: the ratio of the
+two shares is what the neighbour costs the high one. Then a low-priority
+process runs alone while a high-priority one works from 3 s to 6 s of the
+window: how long after the high one's first launch the low one was paused
+(three tenths averaging at most 10 %), and how long after its last launch the
+low one ran again (three tenths averaging at least 90 %); the high one's queue
+(16 launches) drains after its last launch, then the idle time runs. Every
+launch of the low one completed (sm_load waits for each; launched = retired).
+In the pair, the low one keeps the GPU busy from 2 s before the high one starts.
+
+    .venv/bin/python bench/sm_accuracy.py [--seconds 10] [--kernel-us 10000] [--only priority]
 """
 import argparse
 import os
@@ -35,6 +47,92 @@ LEVELS = [10, 30, 60, 100]
 SWITCH_RUNS = 3
 NEIGHBOUR_AT, NEIGHBOUR_FOR, SWITCH_WINDOW = 3.0, 3.0, 9.0
 HELD_MARGIN, FREE_LEVEL, SETTLE = 10.0, 90.0, 3
+PRIORITY_UUID = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"   # the simulator's card 0
+PRIORITY_IDLE_MS = 200
+PAUSED_LEVEL = 10.0
+
+
+def first_tenth(tenths: list[float], after: float, ok) -> float:
+    """Seconds from `after` to the end of the first tenth from which SETTLE tenths average ok."""
+    for k in range(int(after * 10), len(tenths) - SETTLE + 1):
+        if ok(sum(tenths[k:k + SETTLE]) / SETTLE):
+            return (k + 1) / 10 - after
+    return float("nan")
+
+
+def priority_load(work: Path, name: str, high: bool) -> Load:
+    """A container on the priority board (as hami_runtime/lifecycle/priority_board.py makes it)."""
+    board = work / "board" / PRIORITY_UUID
+    board.mkdir(parents=True, exist_ok=True)
+    stamps = work / f"stamps-{name}"
+    stamps.mkdir()
+    (stamps / PRIORITY_UUID).write_bytes(bytes(64))
+    if high:
+        os.link(stamps / PRIORITY_UUID, board / name)
+    return Load(region=work / f"{name}.region", env=(
+        ("CUDA_PRIORITY_BOARD", str(work / "board")), ("CUDA_PRIORITY_STAMP_DIR", str(stamps)),
+        ("CUDA_PRIORITY_IDLE_MS", str(PRIORITY_IDLE_MS))))
+
+
+def priority_switch(work: Path, kernel_us: int) -> tuple[float, float, float, dict]:
+    """Seconds from a high-priority neighbour's first launch until the low one is
+    paused, from its last launch until the low one runs again, from its last launch
+    until its last kernel ended; the low one's result."""
+    tag = uuid.uuid4().hex[:8]
+    low, high = priority_load(work, f"sl-{tag}", False), priority_load(work, f"sh-{tag}", True)
+    ref = Load(region=work / f"sr-{tag}.region")
+    start_at = time.monotonic_ns() + int(sm_load.WARMUP_S * 1e9)
+    ref_proc = sm_load.start(ref, work / f"sr-{tag}.state", SWITCH_WINDOW, start_at, kernel_us)
+    proc = sm_load.start(low, work / f"s-{tag}.state", SWITCH_WINDOW, start_at, kernel_us)
+    high_at = start_at + int(NEIGHBOUR_AT * 1e9)
+    time.sleep(max(0.0, (high_at - time.monotonic_ns()) / 1e9 - 0.3))
+    high_proc = sm_load.start(high, work / f"s-{tag}.state", NEIGHBOUR_FOR, high_at, kernel_us)
+    result, reference = sm_load.finish(proc, SWITCH_WINDOW), sm_load.finish(ref_proc, SWITCH_WINDOW)
+    neighbour = sm_load.finish(high_proc, NEIGHBOUR_FOR)
+    tenths = [100.0 * n / max(r, 1) for n, r in zip(result["per_tenth"], reference["per_tenth"])]
+    began = NEIGHBOUR_AT + max(neighbour["ready_s"], -NEIGHBOUR_AT)
+    ended = NEIGHBOUR_AT + NEIGHBOUR_FOR
+    return (first_tenth(tenths, began, lambda p: p <= PAUSED_LEVEL),
+            first_tenth(tenths, ended, lambda p: p >= FREE_LEVEL), neighbour["last_s"] - NEIGHBOUR_FOR, result)
+
+
+def priority_beside(work: Path, seconds: int, kernel_us: int, low: bool) -> sm_load.Measurement:
+    """A high-priority process over a window; with `low`, a low-priority one keeps
+    the same GPU busy from 2 s before the high one starts, and on through the window."""
+    tag = uuid.uuid4().hex[:8]
+    high_load = priority_load(work, f"ph-{tag}", True)
+    state = work / f"p-{tag}.state"
+    start_at = time.monotonic_ns() + int((sm_load.WARMUP_S + (2.0 if low else 0.0)) * 1e9)
+    ref_proc = sm_load.start(Load(region=work / f"pr-{tag}.region"), work / f"pr-{tag}.state", seconds,
+                             start_at, kernel_us)
+    low_proc = sm_load.start(priority_load(work, f"pl-{tag}", False), state, seconds, start_at,
+                             kernel_us) if low else None
+    time.sleep(max(0.0, (start_at - time.monotonic_ns()) / 1e9 - sm_load.WARMUP_S))
+    high_proc = sm_load.start(high_load, state, seconds, start_at, kernel_us)
+    results = [sm_load.finish(high_proc, seconds)] + ([sm_load.finish(low_proc, seconds)] if low else [])
+    return sm_load.Measurement(results, sm_load.finish(ref_proc, seconds))
+
+
+def priority_section(work: Path, seconds: int, kernel_us: int) -> None:
+    alone = priority_beside(work, seconds, kernel_us, low=False)
+    beside = priority_beside(work, seconds, kernel_us, low=True)
+    print(f"\n| priority (idle {PRIORITY_IDLE_MS} ms) | share of unlimited % | per-second % |")
+    print("| --- | --- | --- |")
+    for name, m, i in (("high alone", alone, 0), ("high beside a busy low", beside, 0),
+                       ("the busy low beside it", beside, 1)):
+        series = " ".join(f"{p:.1f}" for p in m.per_second(i))
+        print(f"| {name} | {m.share(i):.1f} | {series} |")
+    low = beside.results[1]
+    print(f"\nhigh beside a busy low / high alone: {100.0 * beside.share(0) / alone.share(0):.1f} %; "
+          f"the low one launched {low['launched']}, all completed (sm_load waits for each)")
+    runs = [priority_switch(work, kernel_us) for _ in range(SWITCH_RUNS)]
+    print("\n| low, a high-priority neighbour works 3 s | paused after its first launch (ms) "
+          "| resumed after its last launch (ms) | ... after its last kernel ended (ms) "
+          "| low launched (all completed) |")
+    print("| --- | --- | --- | --- | --- |")
+    for i, (paused, resumed, drained, result) in enumerate(runs, 1):
+        print(f"| run {i} | {paused * 1000:.0f} | {resumed * 1000:.0f} | {(resumed - drained) * 1000:.0f} "
+              f"| {result['launched']} |")
 
 
 def switching(work: Path, kernel_us: int, share: int = 30, neighbour: int = 60) -> tuple[float, float]:
@@ -54,20 +152,15 @@ def switching(work: Path, kernel_us: int, share: int = 30, neighbour: int = 60) 
     tenths = [100.0 * n / max(r, 1) for n, r in zip(result["per_tenth"], reference["per_tenth"])]
     began = NEIGHBOUR_AT + max(neighbour["ready_s"], -NEIGHBOUR_AT)  # launching began (window time)
     ended = NEIGHBOUR_AT + NEIGHBOUR_FOR                                # its last launch
-
-    def first(after: float, ok) -> float:
-        for k in range(int(after * 10), len(tenths) - SETTLE + 1):
-            if ok(sum(tenths[k:k + SETTLE]) / SETTLE):
-                return (k + 1) / 10 - after
-        return float("nan")
-
-    return (first(began, lambda p: p <= share + HELD_MARGIN), first(ended, lambda p: p >= FREE_LEVEL))
+    return (first_tenth(tenths, began, lambda p: p <= share + HELD_MARGIN),
+            first_tenth(tenths, ended, lambda p: p >= FREE_LEVEL))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--kernel-us", type=int, default=sm_load.KERNEL_US)
+    parser.add_argument("--only", choices=["priority"], help="run only this part")
     args = parser.parse_args()
     sm_load.build()
     with tempfile.TemporaryDirectory(prefix="hami-sm-bench-") as tmp:
@@ -79,6 +172,10 @@ def main() -> int:
         load = os.getloadavg()[0]
         print(f"kernel {args.kernel_us} us, window {args.seconds} s, {os.cpu_count()} CPUs, "
               f"load average {load:.2f} at the start\n")
+        if args.only == "priority":
+            priority_section(work, args.seconds, args.kernel_us)
+            print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+            return 0
         print("| `force` limit % | achieved % | error (points) | jitter (points) | per-second % |")
         print("| --- | --- | --- | --- | --- |")
         for level in LEVELS:
@@ -113,6 +210,7 @@ def main() -> int:
         print("| --- | --- | --- |")
         for i, (held, free) in enumerate(runs, 1):
             print(f"| run {i} | {held * 1000:.0f} | {free * 1000:.0f} |")
+        priority_section(work, args.seconds, args.kernel_us)
         print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
     return 0
 

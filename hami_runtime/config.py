@@ -37,6 +37,7 @@ DEFAULTS = {
     "default_memory_mib": lambda: 0,   # 0: the whole card (after scaling)
     "default_cores": lambda: 0,        # 0: no SM limit
     "core_policy": lambda: "default",  # when the request names none (hami.io/core-policy)
+    "priority_idle_ms": lambda: 200,   # high-priority work idle this long: low-priority resumes
     "policy": lambda: "binpack",
     "driver_root": lambda: "/",
     "dev_root": lambda: "/dev",
@@ -166,6 +167,7 @@ VALIDATORS = {
     "default_memory_mib": lambda k, v: _int(k, v, 0, 1 << 30),
     "default_cores": lambda k, v: _int(k, v, 0, 100),
     "core_policy": lambda k, v: _choice(k, v, CORE_POLICIES),
+    "priority_idle_ms": lambda k, v: _int(k, v, 1, 60000),
     "policy": lambda k, v: _choice(k, v, ("binpack", "spread")),
     "driver_root": _abs_path,
     "dev_root": _abs_path,

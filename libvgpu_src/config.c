@@ -10,7 +10,10 @@
 #include <string.h>
 #include <strings.h>
 
-struct hami_config hami_config = {.priority = 1};
+#define PRIORITY_IDLE_MS_DEFAULT 200
+#define PRIORITY_IDLE_MS_MAX 60000
+
+struct hami_config hami_config = {.priority = 1, .priority_idle_ns = PRIORITY_IDLE_MS_DEFAULT * 1000000LL};
 
 int hami_parse_size(const char *text, uint64_t *bytes)
 {
@@ -79,6 +82,35 @@ static void load_sm_limit(const char *name, uint32_t *out)
     *out = percent;
 }
 
+static const char *env_path(const char *name)
+{
+    const char *text = getenv(name);
+    if (!text || !*text)
+        return NULL;
+    if (text[0] != '/') {
+        hami_error("%s=%s is not an absolute path; ignored", name, text);
+        return NULL;
+    }
+    return strdup(text);
+}
+
+/* The board and the own stamps (priority.h); the idle time in ms. */
+static void load_priority(struct hami_config *cfg)
+{
+    cfg->priority_board = env_path("CUDA_PRIORITY_BOARD");
+    cfg->priority_stamp_dir = env_path("CUDA_PRIORITY_STAMP_DIR");
+    const char *idle = getenv("CUDA_PRIORITY_IDLE_MS");
+    if (idle && *idle) {
+        char *end = NULL;
+        unsigned long ms = isdigit((unsigned char)idle[0]) ? strtoul(idle, &end, 10) : 0;
+        if (!end || *end || ms < 1 || ms > PRIORITY_IDLE_MS_MAX)
+            hami_error("CUDA_PRIORITY_IDLE_MS=%s is not a whole number of ms from 1 to %d; using %d", idle,
+                       PRIORITY_IDLE_MS_MAX, PRIORITY_IDLE_MS_DEFAULT);
+        else
+            cfg->priority_idle_ns = (int64_t)ms * 1000000LL;
+    }
+}
+
 void hami_config_load(void)
 {
     struct hami_config *cfg = &hami_config;
@@ -127,6 +159,7 @@ void hami_config_load(void)
 
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     cfg->region_path = (path && *path) ? strdup(path) : NULL;
+    load_priority(cfg);
 }
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;

@@ -52,6 +52,13 @@
     X(cuLaunchCooperativeKernel_ptsz, CUDA) \
     X(cuGraphLaunch, CUDA) \
     X(cuGraphLaunch_ptsz, CUDA) \
+    X(cuCtxSynchronize, CUDA) \
+    X(cuStreamSynchronize, CUDA) \
+    X(cuStreamSynchronize_ptsz, CUDA) \
+    X(cuEventSynchronize, CUDA) \
+    X(cuStreamQuery, CUDA) \
+    X(cuStreamQuery_ptsz, CUDA) \
+    X(cuEventQuery, CUDA) \
     X(nvmlDeviceGetMemoryInfo, NVML) \
     X(nvmlDeviceGetMemoryInfo_v2, NVML) \
     X(nvmlDeviceGetComputeRunningProcesses, NVML) \
@@ -124,5 +131,22 @@ extern __thread int hami_depth __attribute__((tls_model("initial-exec")));
     }                                                                                    \
     static ret hami_body_##name(__typeof__(&name) real __attribute__((unused)),          \
                                 HAMI_UNPAREN params)
+
+/* HAMI_HOOK for an entry point that takes no parameters. */
+#define HAMI_HOOK_VOID(ret, name)                                                      \
+    static ret hami_body_##name(__typeof__(&name) real);                                 \
+    HAMI_EXPORT ret name(void)                                                           \
+    {                                                                                    \
+        __typeof__(&name) real = HAMI_REAL(name);                                        \
+        if (!real)                                                                       \
+            return (ret)HAMI_MISSING(name);                                              \
+        if (hami_depth)                                                                  \
+            return real();                                                               \
+        hami_depth++;                                                                    \
+        ret rc = hami_body_##name(real);                                                 \
+        hami_depth--;                                                                    \
+        return rc;                                                                       \
+    }                                                                                    \
+    static ret hami_body_##name(__typeof__(&name) real)
 
 #endif

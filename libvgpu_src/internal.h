@@ -44,6 +44,9 @@ struct hami_config {
     int32_t priority;                       /* 0 high, 1 low */
     int spill;                              /* CUDA_OVERSUBSCRIBE=true: HAMI_DEVICE_SPILL */
     const char *region_path;                /* CUDA_DEVICE_MEMORY_SHARED_CACHE or NULL */
+    const char *priority_board;             /* CUDA_PRIORITY_BOARD or NULL: priority has no effect */
+    const char *priority_stamp_dir;         /* CUDA_PRIORITY_STAMP_DIR or NULL: never high */
+    int64_t priority_idle_ns;               /* CUDA_PRIORITY_IDLE_MS */
 };
 extern struct hami_config hami_config;
 /* Runs once (constructor and every entry point): logging level, then the env. */

@@ -85,7 +85,7 @@ def hook_argv(cfg: Config, runc_root: str) -> list[str]:
 
 def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
                     request, marker: dict, launcher=None) -> "modifiers.Injection":
-    from . import modifiers, store
+    from . import modifiers, priority_board, store
     minor_of = {g.uuid: g.minor for g in gpus}
     region_dir = store.container_dir(cfg.state_dir, name)
     preload = os.path.join(store.private_dir(cfg.state_dir, name), "ld.so.preload")
@@ -95,6 +95,8 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         modifiers.Mount(cfg.libvgpu, modifiers.LIBVGPU_PATH, tuple(modifiers.RO_BIND)),
         modifiers.Mount(preload, modifiers.PRELOAD_PATH, tuple(modifiers.RO_BIND)),
         modifiers.Mount(region_dir, modifiers.REGION_DIR, tuple(modifiers.RW_BIND)),
+        modifiers.Mount(priority_board.board_root(cfg.state_dir), modifiers.BOARD_DIR,
+                        tuple(modifiers.RO_BIND)),
     ]
     mounts += [modifiers.Mount(m.source, m.destination,
                                tuple(modifiers.RO_BIND if m.readonly else modifiers.RW_BIND))
@@ -108,6 +110,9 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         "GPU_CORE_UTILIZATION_POLICY": request.core_policy,
         "CUDA_TASK_PRIORITY": str(request.priority),
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{modifiers.REGION_DIR}/vgpu.region",
+        "CUDA_PRIORITY_BOARD": modifiers.BOARD_DIR,
+        "CUDA_PRIORITY_STAMP_DIR": f"{modifiers.REGION_DIR}/{priority_board.STAMP_DIR}",
+        "CUDA_PRIORITY_IDLE_MS": str(cfg.priority_idle_ms),
     })
     if spill_flags(cfg, request):
         env["CUDA_OVERSUBSCRIBE"] = "true"  # the region says so to libvgpu; HAMi-core reads this
@@ -134,10 +139,13 @@ def spill_flags(cfg: Config, request) -> int:
 
 def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
                        ) -> None:
-    from . import modifiers, store
+    from . import modifiers, priority_board, store
     from ..node import region
     from ..files import atomic_write
     region_dir, private = store.make_dirs(cfg.state_dir, name)
+    # every container stamps; the board links only high-priority ones
+    priority_board.make_stamps(cfg.state_dir, name, [g.uuid for g in grants])
+    priority_board.set_priority(cfg.state_dir, name, [g.uuid for g in grants], request.priority)
     # The region file is 0666 (any container user maps it); the dir stays the host's.
     os.chmod(region_dir, 0o755)
     flags = spill_flags(cfg, request)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 VGPU_DIR = "/usr/local/vgpu"
 LIBVGPU_PATH = f"{VGPU_DIR}/libvgpu.so"
 REGION_DIR = f"{VGPU_DIR}/shared"
+BOARD_DIR = f"{VGPU_DIR}/priority"      # the priority board, read-only
 PRELOAD_PATH = "/etc/ld.so.preload"
 MARKER = "hami.io/allocation"
 NVIDIA_MAJOR = 195

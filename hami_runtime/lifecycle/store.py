@@ -9,6 +9,9 @@ Layout of the state dir:
   private/<name>/     host-only files: ld.so.preload, owner.json, pid (the
                       container's host PID, written by the createRuntime hook),
                       resized.json (devices, policy, priority after hamictl update)
+  priority/<uuid>/    the priority board: links to high-priority containers'
+                      activity stamps (priority_board.py); freed with the
+                      allocation, and swept of entries no allocation owns
 
 An allocation belongs to a (runc root, container id) pair: containerd keeps a
 runc root per namespace and two namespaces may use the same id. Its <name> is
@@ -359,9 +362,13 @@ class State:
                         remove_at(fd, name)
             finally:
                 os.close(fd)
+        from . import priority_board
+        priority_board.sweep(self.state_dir, self.allocations)
 
     def release(self, name: str) -> bool:
+        from . import priority_board
         entry = self.allocations.pop(name, None)
+        priority_board.clear(self.state_dir, name)
         remove_dirs(self.state_dir, name)
         if entry is not None:
             self.freed.append(name)

@@ -46,6 +46,7 @@ class Load:
     mode: str = "kernel"
     streams: int = 1
     threads: int = 1
+    env: tuple[tuple[str, str], ...] = ()   # more variables (e.g. the priority board's)
 
 
 def load_env(load: Load, sim_state: Path) -> dict[str, str]:
@@ -59,6 +60,7 @@ def load_env(load: Load, sim_state: Path) -> dict[str, str]:
         env["CUDA_DEVICE_SM_LIMIT"] = str(load.sm_limit)
     if load.policy is not None:
         env["GPU_CORE_UTILIZATION_POLICY"] = load.policy
+    env.update(load.env)
     return env
 
 

@@ -104,7 +104,9 @@ def test_sigkill_during_create_leaks_nothing(node, tmp_path):
     assert node.ps() == []
     assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
     assert sorted(os.listdir(node.state_dir)) == ["allocations.json", "allocations.lock", "cache",
-                                                  "containers", "private"]
+                                                  "containers", "priority", "private"]
+    board = node.state_dir / "priority"   # its GPU dirs stay (containers watch them), empty
+    assert [e for gpu in os.listdir(board) for e in os.listdir(board / gpu)] == []
     proc = node.create("after", node.bundle("after", {"hami.io/gpumem": "16384"}))
     assert proc.returncode == 0, proc.stderr
 

@@ -1,0 +1,45 @@
+/* Synchronisation and query hooks: tell priority (priority.h) that a process's
+ * work is still running while it waits for it or polls it, so a high-priority
+ * kernel longer than the idle time keeps low-priority launches waiting. Without
+ * a priority board each costs one load and a branch. */
+#include "internal.h"
+#include "hooks.h"
+#include "priority.h"
+
+/* The wait itself, between the marks. */
+#define WAITING(call)                                                                               \
+    do {                                                                                            \
+        int token = hami_priority_wait_begin();                                                     \
+        CUresult rc = (call);                                                                       \
+        hami_priority_end(token);                                                                   \
+        return rc;                                                                                  \
+    } while (0)
+
+/* A call that blocks until the process's own work is done. */
+#define DEFINE_WAIT(name, params, args)                                                             \
+    HAMI_HOOK(CUresult, name, params, args)                                                         \
+    {                                                                                               \
+        WAITING(real args);                                                                         \
+    }
+
+/* A call that says whether the work is done; NOT_READY: it is still running. */
+#define DEFINE_QUERY(name, params, args)                                                            \
+    HAMI_HOOK(CUresult, name, params, args)                                                         \
+    {                                                                                               \
+        CUresult rc = real args;                                                                    \
+        if (rc == CUDA_ERROR_NOT_READY)                                                             \
+            hami_priority_still_running();                                                          \
+        return rc;                                                                                  \
+    }
+
+HAMI_HOOK_VOID(CUresult, cuCtxSynchronize)
+{
+    WAITING(real());
+}
+
+DEFINE_WAIT(cuStreamSynchronize, (CUstream hStream), (hStream))
+DEFINE_WAIT(cuStreamSynchronize_ptsz, (CUstream hStream), (hStream))
+DEFINE_WAIT(cuEventSynchronize, (CUevent hEvent), (hEvent))
+DEFINE_QUERY(cuStreamQuery, (CUstream hStream), (hStream))
+DEFINE_QUERY(cuStreamQuery_ptsz, (CUstream hStream), (hStream))
+DEFINE_QUERY(cuEventQuery, (CUevent hEvent), (hEvent))
