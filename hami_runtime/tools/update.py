@@ -26,9 +26,13 @@ MIB = 1 << 20
 
 
 def apply_priority(state, name: str, entry: dict, priority: int, region) -> None:
-    """The one place a priority change goes through: the record now, the region's
-    priority field once the record is committed."""
+    """The one place a priority change goes through: the record now; once it is
+    committed, the host's priority board (what libvgpu follows: one link or
+    unlink per GPU) and the region's priority field (what views show)."""
+    from ..lifecycle import priority_board
     entry["priority"] = priority
+    uuids = [d["uuid"] for d in entry["devices"]]
+    state.after_commit.append(lambda: priority_board.set_priority(state.state_dir, name, uuids, priority))
     state.after_commit.append(lambda: region.update_live(priority=priority))
 
 

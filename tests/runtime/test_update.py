@@ -342,3 +342,21 @@ def test_invalid_entry_is_named(node, uuids):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
     assert f"its allocation entry '{name}' is invalid" in proc.stderr
     assert "run hamictl doctor" in proc.stderr
+
+
+def test_priority_moves_the_containers_stamps_on_and_off_the_board(node, uuids):
+    """libvgpu follows the host's board, not the region: --priority 0 links the
+    container's stamp there, --priority 1 takes it away again."""
+    from hami_runtime.lifecycle import priority_board
+    name = seed(node, "p", [(0, uuids[0], 2000, 30)])
+    priority_board.make_stamps(str(node.state_dir), name, [uuids[0]])
+    stamp = node.state_dir / "containers" / name / priority_board.STAMP_DIR / uuids[0]
+    entry = node.state_dir / priority_board.BOARD_DIR / uuids[0] / name
+
+    assert update(node, "p", "--priority", "0").returncode == 0
+    assert os.path.samestat(os.stat(entry), os.stat(stamp))
+    assert matches(node, name)["priority"] == 0
+
+    assert update(node, "p", "--priority", "1").returncode == 0
+    assert not entry.exists()
+    assert matches(node, name)["priority"] == 1
