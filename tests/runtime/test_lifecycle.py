@@ -39,8 +39,8 @@ def test_split_count_refuses_the_eleventh(node):
         [f"s{n}" for n in range(10) if n != 3] + ["s11"])
 
 
-def _race_one(config, state_dir, root, bundle, cid, results, hold):
-    os.environ["HAMI_CONFIG"] = config
+def _race_one(env, state_dir, root, bundle, cid, results, hold):
+    os.environ.update(env)  # the node's config and its own simulated GPU
     from hami_runtime import argv, config as config_mod
     from hami_runtime.lifecycle import create
     from hami_runtime.errors import HamiError
@@ -63,7 +63,7 @@ def test_fifty_racing_creates_never_overcommit(node):
     for n in range(50):
         bundle = node.bundle(f"r{n}", {"hami.io/gpumem": "2000", "hami.io/gpu-uuid": uuid})
         procs.append(ctx.Process(target=_race_one, args=(
-            str(node.config), str(node.state_dir), str(node.runc_root), str(bundle), f"r{n}",
+            node.env, str(node.state_dir), str(node.runc_root), str(bundle), f"r{n}",
             results, hold)))
     try:
         for p in procs:
@@ -275,7 +275,7 @@ def test_rebuild_keeps_a_create_in_flight(node):
     ctx = multiprocessing.get_context("fork")
     results, hold = ctx.Queue(), ctx.Event()
     bundle = node.bundle("flight", {"hami.io/gpumem": "4000"})
-    proc = ctx.Process(target=_race_one, args=(str(node.config), str(node.state_dir),
+    proc = ctx.Process(target=_race_one, args=(node.env, str(node.state_dir),
                                                str(node.runc_root), str(bundle), "flight", results, hold))
     proc.start()
     try:
