@@ -59,7 +59,7 @@ def test_delete_racing_a_create_in_flight_frees_nothing(node):
     ctx = multiprocessing.get_context("fork")
     results, hold = ctx.Queue(), ctx.Event()
     bundle = node.bundle("flight", GPU)
-    proc = ctx.Process(target=_race_one, args=(str(node.config), str(node.state_dir),
+    proc = ctx.Process(target=_race_one, args=(node.env, str(node.state_dir),
                                                str(node.runc_root), str(bundle), "flight", results, hold))
     proc.start()
     try:
