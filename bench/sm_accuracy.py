@@ -74,24 +74,33 @@ def priority_load(work: Path, name: str, high: bool) -> Load:
         ("CUDA_PRIORITY_IDLE_MS", str(PRIORITY_IDLE_MS))))
 
 
+def neighbour_run(work: Path, ours: Load, other: Load, tag: str, kernel_us: int):
+    """`ours` runs a switching window beside an unlimited reference (its own GPU);
+    `other` joins ours on the same GPU NEIGHBOUR_AT seconds in, for NEIGHBOUR_FOR.
+    (ours' rate per tenth in % of the reference, window time of the neighbour's
+    first launch, of its last launch, ours' result, the neighbour's result)."""
+    ref = Load(region=work / f"ref-{tag}.region")
+    start_at = time.monotonic_ns() + int(sm_load.WARMUP_S * 1e9)
+    ref_proc = sm_load.start(ref, work / f"ref-{tag}.state", SWITCH_WINDOW, start_at, kernel_us)
+    proc = sm_load.start(ours, work / f"{tag}.state", SWITCH_WINDOW, start_at, kernel_us)
+    other_at = start_at + int(NEIGHBOUR_AT * 1e9)
+    time.sleep(max(0.0, (other_at - time.monotonic_ns()) / 1e9 - 0.3))
+    other_proc = sm_load.start(other, work / f"{tag}.state", NEIGHBOUR_FOR, other_at, kernel_us)
+    result, reference = sm_load.finish(proc, SWITCH_WINDOW), sm_load.finish(ref_proc, SWITCH_WINDOW)
+    neighbour = sm_load.finish(other_proc, NEIGHBOUR_FOR)
+    tenths = [100.0 * n / max(r, 1) for n, r in zip(result["per_tenth"], reference["per_tenth"])]
+    began = NEIGHBOUR_AT + max(neighbour["ready_s"], -NEIGHBOUR_AT)  # launching began (window time)
+    ended = NEIGHBOUR_AT + NEIGHBOUR_FOR                                # its last launch
+    return tenths, began, ended, result, neighbour
+
+
 def priority_switch(work: Path, kernel_us: int) -> tuple[float, float, float, dict]:
     """Seconds from a high-priority neighbour's first launch until the low one is
     paused, from its last launch until the low one runs again, from its last launch
     until its last kernel ended; the low one's result."""
     tag = uuid.uuid4().hex[:8]
     low, high = priority_load(work, f"sl-{tag}", False), priority_load(work, f"sh-{tag}", True)
-    ref = Load(region=work / f"sr-{tag}.region")
-    start_at = time.monotonic_ns() + int(sm_load.WARMUP_S * 1e9)
-    ref_proc = sm_load.start(ref, work / f"sr-{tag}.state", SWITCH_WINDOW, start_at, kernel_us)
-    proc = sm_load.start(low, work / f"s-{tag}.state", SWITCH_WINDOW, start_at, kernel_us)
-    high_at = start_at + int(NEIGHBOUR_AT * 1e9)
-    time.sleep(max(0.0, (high_at - time.monotonic_ns()) / 1e9 - 0.3))
-    high_proc = sm_load.start(high, work / f"s-{tag}.state", NEIGHBOUR_FOR, high_at, kernel_us)
-    result, reference = sm_load.finish(proc, SWITCH_WINDOW), sm_load.finish(ref_proc, SWITCH_WINDOW)
-    neighbour = sm_load.finish(high_proc, NEIGHBOUR_FOR)
-    tenths = [100.0 * n / max(r, 1) for n, r in zip(result["per_tenth"], reference["per_tenth"])]
-    began = NEIGHBOUR_AT + max(neighbour["ready_s"], -NEIGHBOUR_AT)
-    ended = NEIGHBOUR_AT + NEIGHBOUR_FOR
+    tenths, began, ended, result, neighbour = neighbour_run(work, low, high, f"s-{tag}", kernel_us)
     return (first_tenth(tenths, began, lambda p: p <= PAUSED_LEVEL),
             first_tenth(tenths, ended, lambda p: p >= FREE_LEVEL), neighbour["last_s"] - NEIGHBOUR_FOR, result)
 
@@ -140,18 +149,7 @@ def switching(work: Path, kernel_us: int, share: int = 30, neighbour: int = 60) 
     tag = uuid.uuid4().hex
     ours = Load(region=work / f"sw-{tag}.region", sm_limit=share, policy="default")
     other = Load(region=work / f"swn-{tag}.region", sm_limit=neighbour, policy="default")
-    ref = Load(region=work / f"swr-{tag}.region")
-    start_at = time.monotonic_ns() + int(sm_load.WARMUP_S * 1e9)
-    ref_proc = sm_load.start(ref, work / f"swr-{tag}.state", SWITCH_WINDOW, start_at, kernel_us)
-    proc = sm_load.start(ours, work / f"sw-{tag}.state", SWITCH_WINDOW, start_at, kernel_us)
-    other_at = start_at + int(NEIGHBOUR_AT * 1e9)
-    time.sleep(max(0.0, (other_at - time.monotonic_ns()) / 1e9 - 0.3))
-    other_proc = sm_load.start(other, work / f"sw-{tag}.state", NEIGHBOUR_FOR, other_at, kernel_us)
-    result, reference = sm_load.finish(proc, SWITCH_WINDOW), sm_load.finish(ref_proc, SWITCH_WINDOW)
-    neighbour = sm_load.finish(other_proc, NEIGHBOUR_FOR)
-    tenths = [100.0 * n / max(r, 1) for n, r in zip(result["per_tenth"], reference["per_tenth"])]
-    began = NEIGHBOUR_AT + max(neighbour["ready_s"], -NEIGHBOUR_AT)  # launching began (window time)
-    ended = NEIGHBOUR_AT + NEIGHBOUR_FOR                                # its last launch
+    tenths, began, ended, _, _ = neighbour_run(work, ours, other, f"sw-{tag}", kernel_us)
     return (first_tenth(tenths, began, lambda p: p <= share + HELD_MARGIN),
             first_tenth(tenths, ended, lambda p: p >= FREE_LEVEL))
 

@@ -230,10 +230,10 @@ def test_rebuild_keeps_the_new_size(node, uuids):
 
 # ---- racing updates, creates and deletes -------------------------------------------
 
-def _creator(config, root, bundle, cid, life, results):
+def _creator(env, root, bundle, cid, life, results):
     """Creates (the runtime's create path), lives `life` seconds, exits: its entry
     is then freed by the next transaction, as a delete would."""
-    os.environ["HAMI_CONFIG"] = config
+    os.environ.update(env)
     from hami_runtime import argv, config as config_mod
     from hami_runtime.errors import HamiError
     from hami_runtime.lifecycle import create
@@ -246,8 +246,8 @@ def _creator(config, root, bundle, cid, life, results):
     time.sleep(life)
 
 
-def _updater(config, ids, rounds, seed_value, results):
-    os.environ["HAMI_CONFIG"] = config
+def _updater(env, ids, rounds, seed_value, results):
+    os.environ.update(env)
     from hami_runtime import config as config_mod
     from hami_runtime.errors import HamiError
     from hami_runtime.lifecycle import resize
@@ -278,29 +278,35 @@ def _check_capacity(state_dir):
     assert all(v <= 100 for v in cores.values()), cores
 
 
-def test_racing_updates_creates_and_exits_never_overcommit(node, uuids):
-    ctx = multiprocessing.get_context("fork")
-    results = ctx.Queue()
-    ids = [f"r{n}" for n in range(12)]
-    procs = [ctx.Process(target=_creator, args=(
-        str(node.config), str(node.runc_root),
-        str(node.bundle(cid, {"hami.io/gpumem": "2000", "hami.io/gpu-uuid": uuids[n % 2]})),
-        cid, 0.3 + 0.1 * n, results)) for n, cid in enumerate(ids)]
-    procs += [ctx.Process(target=_updater, args=(str(node.config), ids, 25, n, results))
-              for n in range(4)]
+def _race(node, procs, results, count):
+    """Runs the processes at once, checking capacity at every moment (not only at
+    the end); their `count` outcomes."""
     try:
         for p in procs:
             p.start()
         deadline = time.time() + TIMEOUT
         while any(p.is_alive() for p in procs) and time.time() < deadline:
-            _check_capacity(node.state_dir)  # at every moment, not only at the end
+            _check_capacity(node.state_dir)
             time.sleep(0.02)
-        outcomes = [results.get(timeout=TIMEOUT) for _ in range(len(ids) + 4 * 25)]
+        return [results.get(timeout=TIMEOUT) for _ in range(count)]
     finally:
         for p in procs:
             p.join(TIMEOUT)
             if p.is_alive():
                 p.kill()
+
+
+def test_racing_updates_creates_and_exits_never_overcommit(node, uuids):
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    ids = [f"r{n}" for n in range(12)]
+    procs = [ctx.Process(target=_creator, args=(
+        node.env, str(node.runc_root),
+        str(node.bundle(cid, {"hami.io/gpumem": "2000", "hami.io/gpu-uuid": uuids[n % 2]})),
+        cid, 0.3 + 0.1 * n, results)) for n, cid in enumerate(ids)]
+    procs += [ctx.Process(target=_updater, args=(node.env, ids, 25, n, results))
+              for n in range(4)]
+    outcomes = _race(node, procs, results, len(ids) + 4 * 25)
     assert outcomes.count("update ok") > 0 and outcomes.count("create ok") > 0
     _check_capacity(node.state_dir)
     # Every creator is gone: the next transaction frees all, leaving no dir behind.
@@ -312,21 +318,9 @@ def test_racing_updates_of_live_containers_keep_regions_matching(node, uuids):
     names = [seed(node, f"k{n}", [(n % 2, uuids[n % 2], 1000, 10)]) for n in range(6)]
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_updater, args=(str(node.config), [f"k{n}" for n in range(6)],
+    procs = [ctx.Process(target=_updater, args=(node.env, [f"k{n}" for n in range(6)],
                                                 20, 100 + n, results)) for n in range(4)]
-    try:
-        for p in procs:
-            p.start()
-        deadline = time.time() + TIMEOUT
-        while any(p.is_alive() for p in procs) and time.time() < deadline:
-            _check_capacity(node.state_dir)
-            time.sleep(0.02)
-        outcomes = [results.get(timeout=TIMEOUT) for _ in range(4 * 20)]
-    finally:
-        for p in procs:
-            p.join(TIMEOUT)
-            if p.is_alive():
-                p.kill()
+    outcomes = _race(node, procs, results, 4 * 20)
     assert outcomes.count("update ok") > 0 and outcomes.count("update refused") > 0
     _check_capacity(node.state_dir)
     for name in names:
