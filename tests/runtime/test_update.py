@@ -110,14 +110,21 @@ GRANTED = [
 ]
 
 
-@pytest.mark.parametrize("held,others,used,options,after,policy,priority", GRANTED)
-def test_update_granted(node, uuids, held, others, used, options, after, policy, priority):
+def seed_case(node, uuids, held, others, used):
+    """Container "c" holding `held` [(gpu, MiB, cores)] and using `used` MiB per
+    device, beside one container per entry of `others`."""
     name = seed(node, "c", [(g, uuids[g], m, c) for g, m, c in held])
     for n, (g, m, c) in enumerate(others):
         seed(node, f"other{n}", [(g, uuids[g], m, c)])
     for device, mib in enumerate(used):
         if mib:
             use(node, name, device, mib)
+    return name
+
+
+@pytest.mark.parametrize("held,others,used,options,after,policy,priority", GRANTED)
+def test_update_granted(node, uuids, held, others, used, options, after, policy, priority):
+    name = seed_case(node, uuids, held, others, used)
     proc = update(node, "c", *options)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("c: GPU ")
@@ -175,12 +182,7 @@ REFUSED = [
 
 @pytest.mark.parametrize("held,others,used,options,parts", REFUSED)
 def test_update_refused_changes_nothing(node, uuids, held, others, used, options, parts):
-    name = seed(node, "c", [(g, uuids[g], m, c) for g, m, c in held])
-    for n, (g, m, c) in enumerate(others):
-        seed(node, f"other{n}", [(g, uuids[g], m, c)])
-    for device, mib in enumerate(used):
-        if mib:
-            use(node, name, device, mib)
+    name = seed_case(node, uuids, held, others, used)
     before = snapshot(node, name)
     proc = update(node, "c", *options)
     assert proc.returncode == 1 and proc.stdout == ""
