@@ -14,9 +14,24 @@ static void *map_backing(size_t bytes)
     return p == MAP_FAILED ? NULL : p;
 }
 
-static CUresult alloc_charged(struct sim_ctx *ctx, size_t size, uint64_t charge, CUdeviceptr *out)
+/* Device memory is charged to its device, managed memory to the host's budget. */
+static int charge(int dev, uint64_t bytes, int managed)
 {
-    if (sim_charge(ctx->dev, charge) < 0)
+    return managed ? sim_charge_host(bytes) : sim_charge(dev, bytes);
+}
+
+static void uncharge(int dev, uint64_t bytes, int managed)
+{
+    if (managed)
+        sim_uncharge_host(bytes);
+    else
+        sim_uncharge(dev, bytes);
+}
+
+static CUresult alloc_charged(struct sim_ctx *ctx, size_t size, uint64_t charged, int managed,
+                              CUdeviceptr *out)
+{
+    if (charge(ctx->dev, charged, managed) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     size_t mapped = sim_round_up(size, 4096);
     void *p = map_backing(mapped);
@@ -24,11 +39,11 @@ static CUresult alloc_charged(struct sim_ctx *ctx, size_t size, uint64_t charge,
     if (!a) {
         if (p)
             munmap(p, mapped);
-        sim_uncharge(ctx->dev, charge);
+        uncharge(ctx->dev, charged, managed);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *a = (struct sim_alloc){.base = (uintptr_t)p, .size = size, .mapped = mapped, .charged = charge,
-                            .dev = ctx->dev, .ctx = ctx};
+    *a = (struct sim_alloc){.base = (uintptr_t)p, .size = size, .mapped = mapped, .charged = charged,
+                            .managed = managed, .dev = ctx->dev, .ctx = ctx};
     sim_handle_put(a->base, SIM_KIND_ALLOC, a);
     *out = (CUdeviceptr)a->base;
     return CUDA_SUCCESS;
@@ -38,17 +53,15 @@ CUresult sim_alloc_device(struct sim_ctx *ctx, size_t size, CUdeviceptr *out)
 {
     if (size > sim_config()->memory_mib * SIM_MIB)
         return CUDA_ERROR_OUT_OF_MEMORY;  /* never fits; and rounding it up could wrap */
-    return alloc_charged(ctx, size, sim_round_up(size, SIM_PAGE), out);
+    return alloc_charged(ctx, size, sim_round_up(size, SIM_PAGE), 0, out);
 }
 
 void sim_alloc_release(struct sim_alloc *a)
 {
     if (a->mapped)
         munmap((void *)a->base, a->mapped);
-    if (a->charged && a->managed)
-        sim_uncharge_host(a->charged);
-    else if (a->charged)
-        sim_uncharge(a->dev, a->charged);
+    if (a->charged)
+        uncharge(a->dev, a->charged, a->managed);
     free(a);
 }
 
@@ -131,23 +144,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
         return CUDA_ERROR_INVALID_VALUE;
     if (bytesize > sim_config()->host_memory_mib * SIM_MIB)
         return CUDA_ERROR_OUT_OF_MEMORY;  /* never fits; and rounding it up could wrap */
-    uint64_t charge = sim_round_up(bytesize, SIM_PAGE);
-    if (sim_charge_host(charge) < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    size_t mapped = sim_round_up(bytesize, 4096);
-    void *p = map_backing(mapped);
-    struct sim_alloc *a = p ? malloc(sizeof *a) : NULL;
-    if (!a) {
-        if (p)
-            munmap(p, mapped);
-        sim_uncharge_host(charge);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *a = (struct sim_alloc){.base = (uintptr_t)p, .size = bytesize, .mapped = mapped, .charged = charge,
-                            .managed = 1, .dev = ctx->dev, .ctx = ctx};
-    sim_handle_put(a->base, SIM_KIND_ALLOC, a);
-    *dptr = (CUdeviceptr)a->base;
-    return CUDA_SUCCESS;
+    return alloc_charged(ctx, bytesize, sim_round_up(bytesize, SIM_PAGE), 1, dptr);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
