@@ -44,45 +44,38 @@ static int copy_text(const char *text, char *out, size_t size)
     return 0;
 }
 
+/* Keys that set the sim_config field of their name: numbers with their bounds, and texts. */
+#define SIM_NUMBER_KEYS(X)                                                                          \
+    X(devices, 1, SIM_MAX_DEVICES)                                                                  \
+    X(memory_mib, 1, 1ULL << 24)                                                                    \
+    X(sms, 1, 1024)                                                                                 \
+    X(context_mib, 0, 1ULL << 24)                                                                   \
+    X(cuda_version, 1000, 99999)                                                                    \
+    X(stale_seconds, 1, 3600)                                                                       \
+    X(kernel_us, 0, 60000000)                                                                       \
+    X(self_calls, 0, 1)                                                                             \
+    X(host_memory_mib, 0, 1ULL << 30)
+#define SIM_TEXT_KEYS(X) X(name) X(driver_version)
+
 /* One key: 0 on success, -1 bad value, -2 unknown key. */
 static int apply(struct sim_config *c, const char *key, const char *value)
 {
     uint64_t v;
-    if (!strcmp(key, "devices")) {
-        if (parse_u64(value, 1, SIM_MAX_DEVICES, &v)) return -1;
-        c->devices = (int)v;
-    } else if (!strcmp(key, "memory_mib")) {
-        if (parse_u64(value, 1, 1ULL << 24, &v)) return -1;
-        c->memory_mib = v;
-    } else if (!strcmp(key, "sms")) {
-        if (parse_u64(value, 1, 1024, &v)) return -1;
-        c->sms = (int)v;
-    } else if (!strcmp(key, "context_mib")) {
-        if (parse_u64(value, 0, 1ULL << 24, &v)) return -1;
-        c->context_mib = v;
-    } else if (!strcmp(key, "cuda_version")) {
-        if (parse_u64(value, 1000, 99999, &v)) return -1;
-        c->cuda_version = (int)v;
-    } else if (!strcmp(key, "stale_seconds")) {
-        if (parse_u64(value, 1, 3600, &v)) return -1;
-        c->stale_seconds = (int)v;
-    } else if (!strcmp(key, "kernel_us")) {
-        if (parse_u64(value, 0, 60000000, &v)) return -1;
-        c->kernel_us = v;
-    } else if (!strcmp(key, "self_calls")) {
-        if (parse_u64(value, 0, 1, &v)) return -1;
-        c->self_calls = (int)v;
-    } else if (!strcmp(key, "host_memory_mib")) {
-        if (parse_u64(value, 0, 1ULL << 30, &v)) return -1;
-        c->host_memory_mib = v;
-    } else if (!strcmp(key, "name")) {
-        return copy_text(value, c->name, sizeof c->name);
-    } else if (!strcmp(key, "driver_version")) {
-        return copy_text(value, c->driver_version, sizeof c->driver_version);
-    } else {
-        return -2;
+#define NUMBER_KEY(field, min, max)                                                                 \
+    if (!strcmp(key, #field)) {                                                                     \
+        if (parse_u64(value, min, max, &v))                                                         \
+            return -1;                                                                              \
+        c->field = v;                                                                               \
+        return 0;                                                                                   \
     }
-    return 0;
+#define TEXT_KEY(field)                                                                             \
+    if (!strcmp(key, #field))                                                                       \
+        return copy_text(value, c->field, sizeof c->field);
+    SIM_NUMBER_KEYS(NUMBER_KEY)
+    SIM_TEXT_KEYS(TEXT_KEY)
+#undef NUMBER_KEY
+#undef TEXT_KEY
+    return -2;
 }
 
 static int load_file(const char *path, struct sim_config *c)
