@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stats import percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 HELPER = BUILD / "bench" / "libvgpu_bench"
@@ -40,11 +42,6 @@ def run(args, env) -> dict:
     out = subprocess.run([str(HELPER), *args], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     return fields(out)
-
-
-def percentile(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
 def burst(env, procs):

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from sim_runtime import ROOT, private_config, sim_config_missing
+from stats import percentile
 
 PROBE = ROOT / "build" / "tests" / "resize_probe"
 HAMICTL = ROOT / ".venv" / "bin" / "hamictl"
@@ -78,10 +79,6 @@ def measure(probe, resize, iterations):
             raise RuntimeError(f"iteration {i}: the process never saw {size} MiB")
         rows.append(((returned - start) / 1e6, (seen - start) / 1e6))
     return rows
-
-
-def p95(values):
-    return sorted(values)[max(0, int(round(0.95 * len(values))) - 1)]
 
 
 def main() -> int:
@@ -141,8 +138,8 @@ def main() -> int:
     for label, rows in results:
         returned, seen = [r for r, _ in rows], [s for _, s in rows]
         late = sum(1 for r, s in rows if s > r)
-        print(f"| {label} | {statistics.median(returned):.1f} | {p95(returned):.1f} | "
-              f"{statistics.median(seen):.1f} | {p95(seen):.1f} | {late} of {n} |")
+        print(f"| {label} | {statistics.median(returned):.1f} | {percentile(returned, 95):.1f} | "
+              f"{statistics.median(seen):.1f} | {percentile(seen, 95):.1f} | {late} of {n} |")
     return 0
 
 
