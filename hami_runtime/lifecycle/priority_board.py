@@ -75,6 +75,17 @@ def _board(state_dir: str, create: bool):
             os.close(fd)
 
 
+def _each_gpu_dir(board: int, visit) -> None:
+    """visit(uuid, fd) for every GPU's dir on the board; each fd closed after."""
+    for uuid in os.listdir(board):
+        gpu_fd = _open_dir(board, uuid) if gpu_uuid(uuid) else None
+        if gpu_fd is not None:
+            try:
+                visit(uuid, gpu_fd)
+            finally:
+                os.close(gpu_fd)
+
+
 @contextlib.contextmanager
 def _stamps(state_dir: str, name: str, create: bool):
     """An fd on containers/<name>/activity (None when there is none)."""
@@ -150,15 +161,12 @@ def set_priority(state_dir: str, name: str, gpu_uuids, priority: int) -> None:
     if priority not in PRIORITIES or isinstance(priority, bool):
         raise HamiError("priority", priority, "must be 0 (high) or 1 (low)")
     wanted = set(uuids) if priority == 0 else set()
+    def drop_unwanted(uuid, gpu_fd):
+        if uuid not in wanted:
+            store.remove_at(gpu_fd, name)
+
     with _board(state_dir, create=True) as board:
-        for uuid in os.listdir(board):
-            if uuid not in wanted and gpu_uuid(uuid):
-                gpu_fd = _open_dir(board, uuid)
-                if gpu_fd is not None:
-                    try:
-                        store.remove_at(gpu_fd, name)
-                    finally:
-                        os.close(gpu_fd)
+        _each_gpu_dir(board, drop_unwanted)
         if not wanted:
             return
         with _stamps(state_dir, name, create=False) as activity:
@@ -175,15 +183,8 @@ def set_priority(state_dir: str, name: str, gpu_uuids, priority: int) -> None:
 def clear(state_dir: str, name: str) -> None:
     """The container's entries leave the board (its allocation is freed)."""
     with _board(state_dir, create=False) as board:
-        if board is None:
-            return
-        for uuid in os.listdir(board):
-            gpu_fd = _open_dir(board, uuid) if gpu_uuid(uuid) else None
-            if gpu_fd is not None:
-                try:
-                    store.remove_at(gpu_fd, name)
-                finally:
-                    os.close(gpu_fd)
+        if board is not None:
+            _each_gpu_dir(board, lambda _, gpu_fd: store.remove_at(gpu_fd, name))
 
 
 def _drop_stale_temp(gpu_fd: int, entry: str) -> None:
@@ -199,20 +200,16 @@ def sweep(state_dir: str, allocations: dict[str, dict]) -> None:
     between steps, an entry turned invalid). GPU dirs stay: containers have the
     board mounted and see new entries in them."""
     with _board(state_dir, create=False) as board:
-        if board is None:
-            return
-        for uuid in os.listdir(board):
-            gpu_fd = _open_dir(board, uuid) if gpu_uuid(uuid) else None
-            if gpu_fd is None:
-                continue
-            try:
-                for entry in os.listdir(gpu_fd):
-                    if entry.startswith("."):
-                        _drop_stale_temp(gpu_fd, entry)
-                        continue
-                    owner = allocations.get(entry)
-                    if owner is None or owner.get("priority") != 0 or \
-                            uuid not in {d.get("uuid") for d in owner.get("devices", ())}:
-                        store.remove_at(gpu_fd, entry)
-            finally:
-                os.close(gpu_fd)
+        if board is not None:
+            _each_gpu_dir(board, lambda uuid, gpu_fd: _sweep_gpu(uuid, gpu_fd, allocations))
+
+
+def _sweep_gpu(uuid: str, gpu_fd: int, allocations: dict[str, dict]) -> None:
+    for entry in os.listdir(gpu_fd):
+        if entry.startswith("."):
+            _drop_stale_temp(gpu_fd, entry)
+            continue
+        owner = allocations.get(entry)
+        if owner is None or owner.get("priority") != 0 or \
+                uuid not in {d.get("uuid") for d in owner.get("devices", ())}:
+            store.remove_at(gpu_fd, entry)
