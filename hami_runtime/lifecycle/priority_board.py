@@ -154,13 +154,14 @@ def _link(activity: int, uuid: str, gpu_fd: int, name: str) -> None:
 
 def set_priority(state_dir: str, name: str, gpu_uuids, priority: int) -> None:
     """Make the board say it: with priority 0, the container's stamps on its
-    GPUs (and no others) are linked; with 1, none is. Idempotent; create,
-    release and `hamictl update --priority` all come through here."""
+    GPUs (and no others) are linked; with 1, none is. Idempotent; create and
+    `hamictl update --priority` come through here (release through clear)."""
     store.check_name(name)
     uuids = _uuids(gpu_uuids)
     if priority not in PRIORITIES or isinstance(priority, bool):
         raise HamiError("priority", priority, "must be 0 (high) or 1 (low)")
     wanted = set(uuids) if priority == 0 else set()
+
     def drop_unwanted(uuid, gpu_fd):
         if uuid not in wanted:
             store.remove_at(gpu_fd, name)
