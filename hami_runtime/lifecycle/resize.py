@@ -17,6 +17,7 @@ from collections import namedtuple
 from ..chars import number as digits
 from ..config import CORE_POLICIES
 from ..errors import HamiError
+from . import store
 from .allocator import Capacity, Usage, usage
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
@@ -89,7 +90,7 @@ def find(allocations: Mapping[str, Mapping], cid: str, root_name: str | None = N
     if names:
         return names[0]
     for name, bad in sorted(invalid.items()):
-        if name == root_name or (root_name is None and name.rpartition("@")[0] == cid):
+        if name == root_name or (root_name is None and store.id_of(name) == cid):
             raise HamiError("container", cid, f"its allocation entry {name!r} is invalid "
                             f"({bad.get('reason')}): run hamictl doctor")
     where = "under that runc root" if root_name is not None else "on this node"

@@ -119,11 +119,13 @@ def runc_roots(state_dir: str) -> Dict[str, str]:
 
 
 def split_name(name: str) -> Tuple[str, str]:
-    """(container id, root key) of a container dir's name; a name not of the
-    form <id>@<root key> is all id."""
-    from ..chars import root_key
-    cid, at, key = name.rpartition("@")
-    return (cid, key) if at and cid and root_key(key) else (name, "")
+    """(container id, root key) of a container dir's name; a name that is not a
+    well-formed allocation name is all id."""
+    from ..lifecycle import store
+    try:
+        return store.check_name(name)
+    except store.HamiError:
+        return name, ""
 
 
 def read_container(name: str, path: str, runc_root: str = "") -> ContainerView:
