@@ -796,8 +796,6 @@ HAMI_HOOK(CUresult, cuArrayDestroy, (CUarray hArray), (hArray))
 
 /* ---- what the program sees ---- */
 
-static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
-
 HAMI_HOOK(CUresult, cuMemGetInfo_v2, (size_t *free, size_t *total), (free, total))
 {
     if (!free || !total)
@@ -805,30 +803,22 @@ HAMI_HOOK(CUresult, cuMemGetInfo_v2, (size_t *free, size_t *total), (free, total
     CUresult rc = real(free, total);
     CUdevice dev = 0;
     int index = rc == CUDA_SUCCESS ? hami_current_device_index(&dev) : -1;
-    uint64_t limit = hami_mem_limit(index);
-    if (!limit)
+    if (!hami_mem_limit(index))
         return rc;
     hami_pools_settle_all();
     hami_reconcile(index, dev);
-    /* Oversubscribed, the container gets its whole limit (spilling where the card is
-     * full): the physical size and free memory no longer bound what it sees. */
-    int spills = hami_mem_spill(index);
-    uint64_t cap = spills ? limit : min_u64(limit, *total);
-    uint64_t used = hami_mem_container_used(index);
-    uint64_t left = used < cap ? cap - used : 0;
-    *total = cap;
-    *free = spills ? left : min_u64(left, *free);
+    uint64_t shown_total = *total, shown_free = *free;
+    hami_mem_view(index, &shown_total, NULL, &shown_free);
+    *total = shown_total;
+    *free = shown_free;
     return rc;
 }
 
 HAMI_HOOK(CUresult, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev), (bytes, dev))
 {
     CUresult rc = real(bytes, dev);
-    if (rc == CUDA_SUCCESS && bytes) {
-        int index = hami_region_device_index(dev);
-        uint64_t limit = hami_mem_limit(index);
-        if (limit)
-            *bytes = hami_mem_spill(index) ? limit : min_u64(limit, *bytes);
-    }
+    uint64_t shown = bytes ? *bytes : 0;
+    if (rc == CUDA_SUCCESS && bytes && hami_mem_view(hami_region_device_index(dev), &shown, NULL, NULL))
+        *bytes = shown;
     return rc;
 }

@@ -67,6 +67,11 @@ uint64_t hami_mem_limit(int dev);
  * device with a limit). */
 int hami_mem_spill(int dev);
 uint64_t hami_mem_container_used(int dev);
+/* The card a limited device shows the container, from the physical *total and *free
+ * (free may be NULL): total its limit (capped at the physical size unless it spills),
+ * used the container's usage, free what is left of the limit (never below 0; unless
+ * it spills, never above the physical free). 0, nothing changed, without a limit. */
+int hami_mem_view(int dev, uint64_t *total, uint64_t *used, uint64_t *free);
 
 /* tracked.c: what libvgpu charged, keyed by driver handle, thread-safe. */
 enum hami_res_kind {

@@ -35,6 +35,25 @@ uint64_t hami_mem_container_used(int dev)
     return sum;
 }
 
+int hami_mem_view(int dev, uint64_t *total, uint64_t *used, uint64_t *free)
+{
+    uint64_t limit = hami_mem_limit(dev);
+    if (!limit)
+        return 0;
+    /* oversubscribed, the card is the limit: physical size and free no longer bound it */
+    int spills = hami_mem_spill(dev);
+    uint64_t cap = spills || limit < *total ? limit : *total;
+    uint64_t mine = hami_mem_container_used(dev);
+    if (mine > cap)
+        mine = cap;  /* a limit forced below use: nothing underflows */
+    *total = cap;
+    if (used)
+        *used = mine;
+    if (free && (spills || cap - mine < *free))
+        *free = cap - mine;
+    return 1;
+}
+
 /* 0 when charged (or there is no slot to charge: the process is not limited, or is exiting). */
 static int try_charge(int dev, uint64_t bytes, uint64_t limit)
 {

@@ -3,27 +3,16 @@
 #include "internal.h"
 #include "hooks.h"
 
-static unsigned long long min_ull(unsigned long long a, unsigned long long b)
-{
-    return a < b ? a : b;
-}
-
-/* Rewrites total/used/free for `dev` when it has a limit; free never underflows.
- * Oversubscribed (HAMI_DEVICE_SPILL), the card is the limit, whatever its physical size. */
+/* Rewrites total/used/free for `dev` when it has a limit (hami_mem_view). */
 static void virtualise(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used,
                        unsigned long long *free)
 {
-    int index = hami_region_nvml_index(dev);
-    uint64_t limit = hami_mem_limit(index);
-    if (!limit)
-        return;
-    int spills = hami_mem_spill(index);
-    unsigned long long cap = spills ? limit : min_ull(limit, *total);
-    unsigned long long mine = min_ull(hami_mem_container_used(index), cap);
-    unsigned long long physical_free = *free;
-    *total = cap;
-    *used = mine;
-    *free = spills ? cap - mine : min_ull(cap - mine, physical_free);
+    uint64_t t = *total, u = *used, f = *free;
+    if (hami_mem_view(hami_region_nvml_index(dev), &t, &u, &f)) {
+        *total = t;
+        *used = u;
+        *free = f;
+    }
 }
 
 HAMI_HOOK(nvmlReturn_t, nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory),
