@@ -148,13 +148,6 @@ static uint64_t growth[HAMI_MAX_DEVICES];      /* charged by reconciliation, per
 static uint64_t reconciled_ns[HAMI_MAX_DEVICES];
 static pthread_mutex_t reconcile_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* The driver's per-process count is the truth: what it holds for this process beyond
  * what the hooks charged (a context growing as modules load, graph memory, anything
  * reached past the hooks, e.g. through RTLD_DEEPBIND) is charged as context memory,
@@ -170,7 +163,7 @@ void hami_reconcile(int index, CUdevice dev)
     struct hami_proc_slot *self = hami_region_self();
     if (!self || index < 0 || index >= HAMI_MAX_DEVICES || !hami_mem_limit(index))
         return;
-    uint64_t now = monotonic_ns();
+    uint64_t now = (uint64_t)hami_now_ns();
     if (now - __atomic_load_n(&reconciled_ns[index], __ATOMIC_RELAXED) < RECONCILE_EVERY_NS)
         return;
     if (pthread_mutex_trylock(&ctx_lock) != 0)

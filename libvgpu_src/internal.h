@@ -2,11 +2,30 @@
 #ifndef HAMI_INTERNAL_H
 #define HAMI_INTERNAL_H
 
+#include <time.h>
+
 #include "cuda_api.h"
 #include "nvml_api.h"
 #include "region.h"
 
 #define HAMI_EXPORT __attribute__((visibility("default")))
+
+/* CLOCK_MONOTONIC in ns: the clock of every libvgpu timer, and of the priority
+ * stamps other containers compare with theirs. */
+static inline int64_t hami_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Sleeps `ns`, brought within [min_ns, max_ns]. */
+static inline void hami_sleep_ns(int64_t ns, int64_t min_ns, int64_t max_ns)
+{
+    ns = ns < min_ns ? min_ns : ns > max_ns ? max_ns : ns;
+    struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
+    clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
+}
 
 /* symbols.c: the real driver's entry point for `name` (never one of our hooks), or NULL. */
 void *hami_driver_symbol(const char *name);

@@ -82,13 +82,6 @@ static int prio_board_fd = -1;
 static int prio_stamps_fd = -1;
 static __thread int64_t prio_wait_value;         /* what this thread's wait slot holds */
 
-static int64_t prio_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static void prio_reset_locks(void)
 {
     for (int d = 0; d < PRIO_MAX_ORDINALS; d++)
@@ -291,13 +284,6 @@ static int prio_mark_wait(struct prio_dev *p, CUdevice dev, int64_t now)
     return PRIO_TOKEN(dev, HAMI_STAMP_WAITS);
 }
 
-static void prio_sleep(int64_t ns)
-{
-    ns = ns < PRIO_SLEEP_MIN_NS ? PRIO_SLEEP_MIN_NS : ns > PRIO_SLEEP_MAX_NS ? PRIO_SLEEP_MAX_NS : ns;
-    struct timespec ts = {.tv_sec = 0, .tv_nsec = ns};
-    clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
-}
-
 int hami_priority_launch_slow(void)
 {
     CUdevice dev;
@@ -305,7 +291,7 @@ int hami_priority_launch_slow(void)
     if (!p)
         return -1;
     int64_t idle = hami_config.priority_idle_ns;
-    int64_t now = prio_now();
+    int64_t now = hami_now_ns();
     struct hami_region *r = hami_region_get();
     uint64_t *paused_ns = r && p->region_index >= 0 ? &r->sm[p->region_index].paused_ns : NULL;
     for (;;) {
@@ -316,8 +302,8 @@ int hami_priority_launch_slow(void)
         pthread_mutex_unlock(&p->lock);
         if (!wait)
             break;
-        prio_sleep(wait);
-        int64_t then = prio_now();
+        hami_sleep_ns(wait, PRIO_SLEEP_MIN_NS, PRIO_SLEEP_MAX_NS);
+        int64_t then = hami_now_ns();
         if (paused_ns)                           /* chunk by chunk: a reader sees "paused now" */
             __atomic_add_fetch(paused_ns, (uint64_t)(then - now), __ATOMIC_RELAXED);
         now = then;
@@ -333,7 +319,7 @@ int hami_priority_wait_slow(void)
     struct prio_dev *p = prio_current(&dev);
     if (!p || !__atomic_load_n(&p->high, __ATOMIC_ACQUIRE))
         return -1;
-    return prio_mark_wait(p, dev, prio_now());
+    return prio_mark_wait(p, dev, hami_now_ns());
 }
 
 void hami_priority_end_slow(int token)
@@ -342,7 +328,7 @@ void hami_priority_end_slow(int token)
     int slot = token % (HAMI_STAMP_WAITS + 1);
     if (!own)
         return;
-    __atomic_store_n(&own->last_ns, prio_now(), __ATOMIC_RELEASE);
+    __atomic_store_n(&own->last_ns, hami_now_ns(), __ATOMIC_RELEASE);
     int64_t mine = prio_wait_value;
     if (slot < HAMI_STAMP_WAITS)   /* unless another took it over as stale */
         __atomic_compare_exchange_n(&own->waits[slot], &mine, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
@@ -352,5 +338,5 @@ void hami_priority_running_slow(void)
 {
     struct prio_dev *p = prio_current(NULL);
     if (p && __atomic_load_n(&p->high, __ATOMIC_ACQUIRE))
-        prio_stamp(p, prio_now());
+        prio_stamp(p, hami_now_ns());
 }

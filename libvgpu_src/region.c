@@ -400,6 +400,7 @@ void hami_slot_end(void)
 }
 
 #define RELEASE_WAIT_NS 1000000000ull
+#define RELEASE_POLL_NS 100000LL
 
 /* A process that exits normally (return from main, exit(), an interpreter's exit)
  * gives its slot back at once, so that no view counts it once it is gone; a killed
@@ -420,14 +421,11 @@ __attribute__((destructor)) static void release_own_slot(void)
     g_self_failed = 1;   /* no thread claims a new slot either */
     __atomic_store_n(&g_self, NULL, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&self_lock);
-    struct timespec start, now, pause = {0, 100000};
-    clock_gettime(CLOCK_MONOTONIC, &start);
+    int64_t start = hami_now_ns();
     while (LOAD(&g_slot_writers) > 0) {
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((uint64_t)(now.tv_sec - start.tv_sec) * 1000000000ull + (uint64_t)now.tv_nsec -
-                (uint64_t)start.tv_nsec > RELEASE_WAIT_NS)
+        if ((uint64_t)(hami_now_ns() - start) > RELEASE_WAIT_NS)
             return;
-        nanosleep(&pause, NULL);
+        hami_sleep_ns(RELEASE_POLL_NS, RELEASE_POLL_NS, RELEASE_POLL_NS);
     }
     uint64_t owner = me;
     if (CAS(&s->owner, &owner, HAMI_OWNER_RECLAIMING))

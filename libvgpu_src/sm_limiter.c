@@ -143,13 +143,6 @@ static __thread int sm_armed_dev = -1;
 static __thread int sm_armed_probe = -1;
 static __thread int64_t sm_armed_charge;
 
-static int64_t sm_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static void sm_local_reset(void)
 {
     for (int d = 0; d < HAMI_MAX_DEVICES; d++) {
@@ -516,16 +509,6 @@ static int sm_alone(struct sm_local *loc, int64_t now)
 
 /* ---- launch path ---- */
 
-static void sm_sleep(int64_t ns)
-{
-    if (ns < SM_SLEEP_MIN_NS)
-        ns = SM_SLEEP_MIN_NS;
-    if (ns > SM_SLEEP_MAX_NS)
-        ns = SM_SLEEP_MAX_NS;
-    struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
-    clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
-}
-
 static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
 {
     if (mode != SM_ON && sm_decide(dev) == SM_OFF)
@@ -543,7 +526,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             pthread_mutex_unlock(&loc->lock);
             return;
         }
-        int64_t now = sm_now_ns();
+        int64_t now = hami_now_ns();
         if (sm_events_ok) {
             sm_harvest(loc, st, dev);
             sm_correct(loc, now);
@@ -568,10 +551,10 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         /* a wait for the share (not for a measurement) is throttling; counted per
          * chunk, so a long wait shows while it lasts and a process killed in it
          * has counted what it slept */
-        int64_t slept_from = short_of_share ? sm_now_ns() : 0;
-        sm_sleep(wait);
+        int64_t slept_from = short_of_share ? hami_now_ns() : 0;
+        hami_sleep_ns(wait, SM_SLEEP_MIN_NS, SM_SLEEP_MAX_NS);
         if (short_of_share)
-            __atomic_add_fetch(&st->throttled_ns, (uint64_t)(sm_now_ns() - slept_from), __ATOMIC_RELAXED);
+            __atomic_add_fetch(&st->throttled_ns, (uint64_t)(hami_now_ns() - slept_from), __ATOMIC_RELAXED);
         pthread_mutex_lock(&loc->lock);
     }
 
