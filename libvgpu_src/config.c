@@ -43,15 +43,16 @@ int hami_parse_size(const char *text, uint64_t *bytes)
     return 0;
 }
 
-static int parse_percent(const char *text, uint32_t *percent)
+/* A whole number in [min, max], digits only; 0 on success, -1 on a bad value. */
+static int parse_whole(const char *text, unsigned long min, unsigned long max, unsigned long *out)
 {
     char *end = NULL;
     if (!text || !isdigit((unsigned char)text[0]))
         return -1;
     unsigned long value = strtoul(text, &end, 10);
-    if (*end || value > 100)
+    if (*end || value < min || value > max)
         return -1;
-    *percent = (uint32_t)value;
+    *out = value;
     return 0;
 }
 
@@ -74,12 +75,12 @@ static void load_sm_limit(const char *name, uint32_t *out)
     const char *text = getenv(name);
     if (!text || !*text)
         return;
-    uint32_t percent;
-    if (parse_percent(text, &percent) < 0) {
+    unsigned long percent;
+    if (parse_whole(text, 0, 100, &percent) < 0) {
         hami_error("%s=%s is not a percentage 0..100; ignored, no SM limit from it", name, text);
         return;
     }
-    *out = percent;
+    *out = (uint32_t)percent;
 }
 
 static const char *env_path(const char *name)
@@ -100,10 +101,9 @@ static void load_priority(struct hami_config *cfg)
     cfg->priority_board = env_path("CUDA_PRIORITY_BOARD");
     cfg->priority_stamp_dir = env_path("CUDA_PRIORITY_STAMP_DIR");
     const char *idle = getenv("CUDA_PRIORITY_IDLE_MS");
+    unsigned long ms;
     if (idle && *idle) {
-        char *end = NULL;
-        unsigned long ms = isdigit((unsigned char)idle[0]) ? strtoul(idle, &end, 10) : 0;
-        if (!end || *end || ms < 1 || ms > PRIORITY_IDLE_MS_MAX)
+        if (parse_whole(idle, 1, PRIORITY_IDLE_MS_MAX, &ms) < 0)
             hami_error("CUDA_PRIORITY_IDLE_MS=%s is not a whole number of ms from 1 to %d; using %d", idle,
                        PRIORITY_IDLE_MS_MAX, PRIORITY_IDLE_MS_DEFAULT);
         else

@@ -46,6 +46,11 @@ def test_every_hook_is_defined_through_hami_hook():
     ("CUDA_DEVICE_SM_LIMIT_0", "half"),
     ("GPU_CORE_UTILIZATION_POLICY", "sometimes"),
     ("CUDA_TASK_PRIORITY", "7"),
+    ("CUDA_PRIORITY_IDLE_MS", "0"),
+    ("CUDA_PRIORITY_IDLE_MS", "60001"),
+    ("CUDA_PRIORITY_IDLE_MS", "2s"),
+    ("CUDA_PRIORITY_BOARD", "relative/board"),
+    ("CUDA_OVERSUBSCRIBE", "yes"),
     ("LIBCUDA_LOG_LEVEL", "9"),
 ])
 def test_bad_env_value_is_one_line_and_ignored(probe, name, value):
