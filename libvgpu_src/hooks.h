@@ -115,8 +115,17 @@ extern __thread int hami_depth __attribute__((tls_model("initial-exec")));
  * depth.
  */
 #define HAMI_HOOK(ret, name, params, args)                                             \
-    static ret hami_body_##name(__typeof__(&name) real __attribute__((unused)),          \
-                                HAMI_UNPAREN params);                                    \
+    HAMI_HOOK_DEFINE(ret, name, params, args,                                            \
+                     (__typeof__(&name) real __attribute__((unused)), HAMI_UNPAREN params), \
+                     (real, HAMI_UNPAREN args))
+
+/* HAMI_HOOK for an entry point that takes no parameters. */
+#define HAMI_HOOK_VOID(ret, name)                                                      \
+    HAMI_HOOK_DEFINE(ret, name, (void), (), (__typeof__(&name) real __attribute__((unused))), (real))
+
+/* Both: the body is hami_body_<name> with `body_params`, called with `body_args`. */
+#define HAMI_HOOK_DEFINE(ret, name, params, args, body_params, body_args)              \
+    static ret hami_body_##name body_params;                                             \
     HAMI_EXPORT ret name params                                                          \
     {                                                                                    \
         __typeof__(&name) real = HAMI_REAL(name);                                        \
@@ -125,28 +134,10 @@ extern __thread int hami_depth __attribute__((tls_model("initial-exec")));
         if (hami_depth)                                                                  \
             return real args;                                                            \
         hami_depth++;                                                                    \
-        ret rc = hami_body_##name(real, HAMI_UNPAREN args);                              \
+        ret rc = hami_body_##name body_args;                                             \
         hami_depth--;                                                                    \
         return rc;                                                                       \
     }                                                                                    \
-    static ret hami_body_##name(__typeof__(&name) real __attribute__((unused)),          \
-                                HAMI_UNPAREN params)
-
-/* HAMI_HOOK for an entry point that takes no parameters. */
-#define HAMI_HOOK_VOID(ret, name)                                                      \
-    static ret hami_body_##name(__typeof__(&name) real);                                 \
-    HAMI_EXPORT ret name(void)                                                           \
-    {                                                                                    \
-        __typeof__(&name) real = HAMI_REAL(name);                                        \
-        if (!real)                                                                       \
-            return (ret)HAMI_MISSING(name);                                              \
-        if (hami_depth)                                                                  \
-            return real();                                                               \
-        hami_depth++;                                                                    \
-        ret rc = hami_body_##name(real);                                                 \
-        hami_depth--;                                                                    \
-        return rc;                                                                       \
-    }                                                                                    \
-    static ret hami_body_##name(__typeof__(&name) real)
+    static ret hami_body_##name body_params
 
 #endif
