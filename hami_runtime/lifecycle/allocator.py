@@ -90,7 +90,8 @@ def blocked(invalid: Mapping[str, Mapping], entries: Iterable[Mapping], gpus: li
     return found
 
 
-def _wanted(request, cap: Capacity, default_memory_mib: int) -> int:
+def wanted_mib(request, cap: Capacity, default_memory_mib: int = 0) -> int:
+    """MiB a request (or a resize: both have mem_mib and mem_percentage) asks of a GPU."""
     if request.mem_mib is not None:
         return request.mem_mib
     if request.mem_percentage is not None:
@@ -166,7 +167,7 @@ def allocate(request, gpus: list[GpuInfo], entries: Iterable[Mapping], *, split_
         raise HamiError("request", request.describe(), "no GPU on this node matches its filters")
     fitting, reasons = [], []
     for gpu in candidates:
-        mem = _wanted(request, caps[gpu.uuid], default_memory_mib)
+        mem = wanted_mib(request, caps[gpu.uuid], default_memory_mib)
         why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), mem, cores, block.get(gpu.uuid, ""))
         if why:
             reasons.append(f"GPU {gpu.index}: {why}")

@@ -18,7 +18,7 @@ from ..chars import number as digits
 from ..config import CORE_POLICIES
 from ..errors import HamiError
 from . import store
-from .allocator import Capacity, Usage, usage
+from .allocator import Capacity, Usage, usage, wanted_mib
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -137,8 +137,7 @@ def resize(entry: Mapping, change: Change, caps: Mapping[str, Capacity],
         other = held.get(d["uuid"], Usage())
         if change.mem_mib is not None or change.mem_percentage is not None:
             option, value = _memory_option(change)
-            new = change.mem_mib if change.mem_mib is not None else \
-                max(1, cap.mem_mib * change.mem_percentage // 100)
+            new = wanted_mib(change, cap)
             if new > d["mem_mib"]:
                 if blocked.get(d["uuid"]):
                     raise HamiError(option, value, f"{_gpu(d)} takes no growth: "
