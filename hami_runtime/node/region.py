@@ -432,11 +432,6 @@ class Region:
         procs = self._region().procs
         return sum(procs[i].mem_used[device] for i in range(MAX_PROCS))
 
-    def sm_busy_ns(self, device: int) -> int:
-        """Kernel time measured on `device`, all processes, cumulative."""
-        self._check_device(device)
-        return self._region().sm[device].busy_ns
-
     def sm_times(self, device: int) -> SmTimes:
         """The SM counters libvgpu keeps for `device`; their deltas over a wall
         interval give the share used and whether launches were held."""
@@ -477,8 +472,8 @@ class Region:
             if not 0 <= i < count:
                 raise IndexError(f"device: {i} not in 0..{count - 1}")
         current = self.devices
-        validate_limits([DeviceLimit(d.uuid, mem_limits.get(i, d.mem_limit_bytes),
-                                     sm_limits.get(i, d.sm_limit_pct))
+        validate_limits([d._replace(mem_limit_bytes=mem_limits.get(i, d.mem_limit_bytes),
+                                    sm_limit_pct=sm_limits.get(i, d.sm_limit_pct))
                          for i, d in enumerate(current)],
                         self.core_policy if core_policy is None else core_policy,
                         self.priority if priority is None else priority)
