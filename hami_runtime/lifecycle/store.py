@@ -63,22 +63,31 @@ MAX_STATE_BYTES = 16 << 20
 MAX_SMALL_FILE = 64 << 10
 MAX_DEVICES = 16
 MAX_MEM_MIB = 1 << 30
+ROOT_KEY_LEN = 16
+MAX_NAME = 255  # a file name's length (NAME_MAX): the name is one in containers/, private/, the board
+MAX_ID = MAX_NAME - ROOT_KEY_LEN - 1
 
 
 def root_key(runc_root: str) -> str:
-    return sha256_hex(os.fsencode(runc_root))[:16]
+    return sha256_hex(os.fsencode(runc_root))[:ROOT_KEY_LEN]
 
 
 def alloc_name(runc_root: str, cid: str) -> str:
-    """The allocation's name (state key and dir name) for a (runc root, id) pair."""
-    return f"{check_container_id(cid)}@{root_key(runc_root)}"
+    """The allocation's name (state key and dir name) for a (runc root, id) pair.
+    An id too long to name a file that way is refused (runc takes ids of up to
+    1024 characters): before anything is written, so it leaves nothing behind."""
+    if len(os.fsencode(check_container_id(cid))) > MAX_ID:
+        raise HamiError("container id", cid, f"{len(cid)} characters: a GPU container's id may have "
+                        f"at most {MAX_ID} (the runtime names its state files by it)")
+    return f"{cid}@{root_key(runc_root)}"
 
 
 def check_name(name) -> tuple[str, str]:
     """(container id, root key) of a well-formed allocation name."""
     cid, at, key = name.rpartition("@") if isinstance(name, str) else ("", "", "")
-    if not at or not root_key_ok(key):
-        raise HamiError("allocation name", name, "must be <container id>@<16 hex digits>")
+    if not at or not root_key_ok(key) or len(os.fsencode(name)) > MAX_NAME:
+        raise HamiError("allocation name", name, f"must be <container id>@<16 hex digits>, "
+                        f"at most {MAX_NAME} bytes")
     return check_container_id(cid), key
 
 
@@ -116,11 +125,11 @@ def entry_problem(name, entry) -> str:
     if not isinstance(root, str) or not os.path.isabs(root):
         return f"runc_root={root!r} is not an absolute path"
     try:
-        check_container_id(cid)
+        expected = alloc_name(root, cid)
     except HamiError as exc:
         return exc.line()
-    if name != alloc_name(root, cid):
-        return f"stored as {name!r}, but its runc root and id name it {alloc_name(root, cid)!r}"
+    if name != expected:
+        return f"stored as {name!r}, but its runc root and id name it {expected!r}"
     if not isinstance(entry.get("bundle"), str):
         return f"bundle={entry.get('bundle')!r} is not a path"
     devices = entry.get("devices")
@@ -359,17 +368,22 @@ class State:
             try:
                 for name in os.listdir(fd):
                     if name not in keep and _well_formed(name):
-                        remove_at(fd, name)
+                        with contextlib.suppress(OSError):
+                            remove_at(fd, name)
             finally:
                 os.close(fd)
         from . import priority_board
         priority_board.sweep(self.state_dir, self.allocations)
 
     def release(self, name: str) -> bool:
+        """Frees the allocation; its files go too where they can (one that cannot
+        be removed is left to hamictl doctor and never stops the transaction)."""
         from . import priority_board
         entry = self.allocations.pop(name, None)
-        priority_board.clear(self.state_dir, name)
-        remove_dirs(self.state_dir, name)
+        with contextlib.suppress(OSError, HamiError):
+            priority_board.clear(self.state_dir, name)
+        with contextlib.suppress(OSError, HamiError):
+            remove_dirs(self.state_dir, name)
         if entry is not None:
             self.freed.append(name)
         return entry is not None
@@ -459,8 +473,11 @@ def transaction(state_dir: str, reconcile: bool = True) -> Iterator[State]:
 def release(state_dir: str, runc_root: str, cid: str) -> bool:
     """Free the (root, id) allocation if its container is gone (idempotent).
     A live container, or a create still in flight, keeps it: the lock orders
-    this against the create."""
-    name = alloc_name(runc_root, cid)
+    this against the create. An id no allocation can be named by has none."""
+    try:
+        name = alloc_name(runc_root, cid)
+    except HamiError:
+        return False
     with transaction(state_dir) as state:
         return name in state.freed
 

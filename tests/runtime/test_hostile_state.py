@@ -247,3 +247,46 @@ def test_state_from_before_runc_roots_is_taken_over(node):
     assert repaired.returncode == 0 and "removed" in repaired.stdout
     assert list((node.state_dir / "containers").iterdir()) == []
     assert list((node.state_dir / "private").iterdir()) == []
+
+
+@pytest.mark.parametrize("length", [store.MAX_ID + 1, 1000])
+def test_an_id_too_long_to_name_the_state_is_refused_and_leaves_nothing(node, length):
+    """runc takes ids its own state dir can hold; ours are named <id>@<root key>:
+    such an id is refused before anything is written, and the node goes on."""
+    cid = "x" * length
+    proc = node.create(cid, node.bundle("long", GPU), log_format="json")
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "container id=" in proc.stderr \
+        and f"at most {store.MAX_ID}" in proc.stderr, proc.stderr
+    logged = json.loads((node.tmp / "runc.log").read_text().splitlines()[-1])
+    assert logged["level"] == "error" and f"at most {store.MAX_ID}" in logged["msg"]
+    assert node.allocations() == {} and cid not in node.containers()
+    assert all(not os.listdir(node.state_dir / sub) for sub in store.SUBDIRS
+               if (node.state_dir / sub).exists())
+    assert node.create("after", node.bundle("after", GPU)).returncode == 0
+    for command in (("ps",), ("gpus",), ("doctor",)):
+        done = node.hamictl(*command)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (command, done.stderr)
+
+
+def test_an_entry_that_cannot_be_cleaned_never_blocks_a_create(node):
+    """A state file holding an entry whose files cannot be named (as one written by an
+    older version for such an id): it is kept apart as invalid, every command still
+    answers, and other containers are created."""
+    node.state_dir.mkdir()
+    cid = "y" * 1000
+    long_name = f"{cid}@{store.root_key(str(node.runc_root))}"
+    entry = {"id": cid, "runc_root": str(node.runc_root), "bundle": "/nowhere",
+             "devices": [{"index": 0, "uuid": "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65",
+                          "mem_mib": 1000, "cores": 0}],
+             "core_policy": "default", "priority": 1, "pid": 0,
+             "creator": {"pid": os.getpid(), "start": process_start(os.getpid())}}
+    (node.state_dir / "allocations.json").write_text(json.dumps(
+        {"version": 2, "allocations": {long_name: entry}}))
+    assert node.create("after", node.bundle("after", GPU)).returncode == 0
+    for command in (("ps",), ("gpus",), ("doctor",), ("top", "--interval", "0")):
+        done = node.hamictl(*command)
+        assert "Traceback" not in done.stderr + done.stdout, (command, done.stderr)
+    assert "at most" in node.hamictl("doctor").stdout  # named, for the operator
+    assert node.hamictl("doctor", "--repair").returncode == 0
+    assert long_name not in json.dumps(node.state())
