@@ -1,19 +1,21 @@
-/* The environment, read once when the library loads. A bad value is reported in
- * one line and ignored (as if unset), so a typo never crashes a program. */
+/* Where the limits come from, decided once when the library loads: in a
+ * runtime-made container (HAMI_LIMITS_PATH exists) the host's read-only file and
+ * fixed paths, and nothing from the environment; otherwise (bare use) the
+ * environment, where a bad value is reported in one line and ignored (as if
+ * unset), so a typo never crashes a program. */
 #include "internal.h"
 #include "log.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#define PRIORITY_IDLE_MS_DEFAULT 200
-#define PRIORITY_IDLE_MS_MAX 60000
-
-struct hami_config hami_config = {.priority = 1, .priority_idle_ns = PRIORITY_IDLE_MS_DEFAULT * 1000000LL};
+struct hami_config hami_config = {.priority = 1, .priority_idle_ms = HAMI_PRIORITY_IDLE_MS_DEFAULT};
 
 int hami_parse_size(const char *text, uint64_t *bytes)
 {
@@ -103,17 +105,33 @@ static void load_priority(struct hami_config *cfg)
     const char *idle = getenv("CUDA_PRIORITY_IDLE_MS");
     unsigned long ms;
     if (idle && *idle) {
-        if (parse_whole(idle, 1, PRIORITY_IDLE_MS_MAX, &ms) < 0)
+        if (parse_whole(idle, 1, HAMI_PRIORITY_IDLE_MS_MAX, &ms) < 0)
             hami_error("CUDA_PRIORITY_IDLE_MS=%s is not a whole number of ms from 1 to %d; using %d", idle,
-                       PRIORITY_IDLE_MS_MAX, PRIORITY_IDLE_MS_DEFAULT);
+                       HAMI_PRIORITY_IDLE_MS_MAX, HAMI_PRIORITY_IDLE_MS_DEFAULT);
         else
-            cfg->priority_idle_ns = (int64_t)ms * 1000000LL;
+            cfg->priority_idle_ms = (uint32_t)ms;
     }
+}
+
+/* The container's own files, at the paths the runtime mounts them: whatever the
+ * environment says, which a tenant sets as it likes. */
+static int load_runtime_made(struct hami_config *cfg)
+{
+    struct stat st;
+    if (lstat(HAMI_LIMITS_PATH, &st) < 0 && errno == ENOENT)
+        return 0;
+    cfg->runtime_made = 1;
+    cfg->region_path = HAMI_RUNTIME_REGION_PATH;
+    cfg->priority_board = HAMI_RUNTIME_BOARD_DIR;
+    cfg->priority_stamp_dir = HAMI_RUNTIME_STAMP_DIR;
+    return 1;
 }
 
 void hami_config_load(void)
 {
     struct hami_config *cfg = &hami_config;
+    if (load_runtime_made(cfg))
+        return;
     uint64_t all_mem = 0;
     uint32_t all_sm = 0;
     load_mem_limit("CUDA_DEVICE_MEMORY_LIMIT", &all_mem);

@@ -24,6 +24,13 @@ static struct {
     int charged;
 } primary[MAX_ORDINALS];
 
+/* Hooked so that a process libvgpu refuses (hooks.h) never initialises the driver:
+ * every entry point it does not hook then answers "not initialised". */
+HAMI_HOOK(CUresult, cuInit, (unsigned int Flags), (Flags))
+{
+    return real(Flags);
+}
+
 int hami_current_device_index(CUdevice *dev_out)
 {
     if (!hami_region_get())
@@ -160,8 +167,7 @@ static pthread_mutex_t reconcile_lock = PTHREAD_MUTEX_INITIALIZER;
  * twice, and one that shows device memory only (the simulator) just lowers the estimate. */
 void hami_reconcile(int index, CUdevice dev)
 {
-    struct hami_proc_slot *self = hami_region_self();
-    if (!self || index < 0 || index >= HAMI_MAX_DEVICES || !hami_mem_limit(index))
+    if (!hami_region_self() || index < 0 || index >= HAMI_MAX_DEVICES || !hami_mem_limit(index))
         return;
     uint64_t now = (uint64_t)hami_now_ns();
     if (now - __atomic_load_n(&reconciled_ns[index], __ATOMIC_RELAXED) < RECONCILE_EVERY_NS)
@@ -174,9 +180,9 @@ void hami_reconcile(int index, CUdevice dev)
     }
     __atomic_store_n(&reconciled_ns[index], now, __ATOMIC_RELAXED);
     static struct snapshot snap;   /* under reconcile_lock */
-    uint64_t ours = __atomic_load_n(&self->mem_used[index], __ATOMIC_SEQ_CST);
+    uint64_t ours = hami_mem_own(index);
     take_snapshot(nvml_handle(dev), &snap);
-    uint64_t ours_after = __atomic_load_n(&self->mem_used[index], __ATOMIC_SEQ_CST);
+    uint64_t ours_after = hami_mem_own(index);
     if (ours_after > ours)
         ours = ours_after;
     const nvmlProcessInfo_t *mine = find_pid(&snap, host_pid);

@@ -8,17 +8,17 @@
 #include "priority.h"
 #include "sm_limiter.h"
 
-/* The launching device's region index, or -1 at once when no device of the region
- * has an SM limit (read live: the runtime may change limits), sparing the driver
- * query on every launch of an unlimited container. */
+/* The launching device's region index, or -1 at once when no device has an SM
+ * limit (read live: the runtime may change limits), sparing the driver query on
+ * every launch of an unlimited container. */
 static int launch_device_index(void)
 {
-    struct hami_region *r = hami_region_get();
-    if (!r)
+    const struct hami_limits *l = hami_limits_get();
+    if (!l)
         return -1;
-    uint32_t count = r->device_count < HAMI_MAX_DEVICES ? r->device_count : HAMI_MAX_DEVICES;
+    uint32_t count = l->device_count < HAMI_MAX_DEVICES ? l->device_count : HAMI_MAX_DEVICES;
     for (uint32_t i = 0; i < count; i++) {
-        uint32_t limit = __atomic_load_n(&r->devices[i].sm_limit, __ATOMIC_RELAXED);
+        uint32_t limit = __atomic_load_n(&l->devices[i].sm_limit, __ATOMIC_RELAXED);
         if (limit > 0 && limit < 100)
             return hami_current_device_index(NULL);
     }

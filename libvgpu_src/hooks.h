@@ -11,6 +11,7 @@
 #include "internal.h"
 
 #define HAMI_HOOKS(X) \
+    X(cuInit, CUDA) \
     X(cuGetProcAddress, CUDA) \
     X(cuGetProcAddress_v2, CUDA) \
     X(cuDeviceTotalMem_v2, CUDA) \
@@ -59,6 +60,9 @@
     X(cuStreamQuery, CUDA) \
     X(cuStreamQuery_ptsz, CUDA) \
     X(cuEventQuery, CUDA) \
+    X(nvmlInit, NVML) \
+    X(nvmlInit_v2, NVML) \
+    X(nvmlInitWithFlags, NVML) \
     X(nvmlDeviceGetMemoryInfo, NVML) \
     X(nvmlDeviceGetMemoryInfo_v2, NVML) \
     X(nvmlDeviceGetComputeRunningProcesses, NVML) \
@@ -96,6 +100,9 @@ enum hami_hook_lib { HAMI_HOOKS(HAMI_HOOK_LIB) };
 #undef HAMI_HOOK_LIB
 #define HAMI_MISSING(name) \
     ((int)HAMI_LIB_OF_##name == (int)HAMI_LIB_CUDA ? (int)CUDA_ERROR_NOT_FOUND : (int)NVML_ERROR_FUNCTION_NOT_FOUND)
+/* ... and what every hook returns while libvgpu refuses (hami_refused). */
+#define HAMI_REFUSAL(name) \
+    ((int)HAMI_LIB_OF_##name == (int)HAMI_LIB_CUDA ? (int)CUDA_ERROR_NOT_PERMITTED : (int)NVML_ERROR_NO_PERMISSION)
 
 /* How many hooks this thread is inside (0 outside libvgpu). */
 extern __thread int hami_depth __attribute__((tls_model("initial-exec")));
@@ -113,6 +120,11 @@ extern __thread int hami_depth __attribute__((tls_model("initial-exec")));
  * whether it was called from inside, and a driver's inner call never takes a lock
  * of ours again on the same thread. Other threads (driver callbacks) have their own
  * depth.
+ *
+ * Failing closed is decided here too: in a runtime-made container whose limits
+ * or region cannot be used (hami_refused), every hook, cuInit and nvmlInit among
+ * them, returns "not permitted" without reaching the driver, so the process never
+ * uses the GPU unlimited.
  */
 #define HAMI_HOOK(ret, name, params, args)                                             \
     HAMI_HOOK_DEFINE(ret, name, params, args,                                            \
@@ -133,6 +145,8 @@ extern __thread int hami_depth __attribute__((tls_model("initial-exec")));
             return (ret)HAMI_MISSING(name);                                              \
         if (hami_depth)                                                                  \
             return real args;                                                            \
+        if (__builtin_expect(hami_refused(), 0))                                         \
+            return (ret)HAMI_REFUSAL(name);                                              \
         hami_depth++;                                                                    \
         ret rc = hami_body_##name body_args;                                             \
         hami_depth--;                                                                    \

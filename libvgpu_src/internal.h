@@ -30,6 +30,18 @@ static inline void hami_sleep_ns(int64_t ns, int64_t min_ns, int64_t max_ns)
 /* symbols.c: the real driver's entry point for `name` (never one of our hooks), or NULL. */
 void *hami_driver_symbol(const char *name);
 
+/* limits.c: the limits from the environment (bare use), and the host's limits file
+ * mapped read-only, checked to be on a read-only mount with sane fields (NULL, and
+ * why in `why`, when it is not). */
+const struct hami_limits *hami_limits_from_env(void);
+const struct hami_limits *hami_limits_map(const char *path, char *why, size_t len);
+
+/* region.c: the limits in force (NULL when none: then nothing is limited) and
+ * whether libvgpu refuses every call (a runtime-made container whose limits or
+ * region cannot be used: it fails closed, never runs unlimited). Both settle at
+ * the first CUDA or NVML call. */
+const struct hami_limits *hami_limits_get(void);
+int hami_refused(void);
 /* region.c: the mapped region (NULL when none could be had: then nothing is limited),
  * this process's slot in it, and the region's device index for a driver device
  * (matched by UUID, so CUDA_VISIBLE_DEVICES reordering cannot mix devices up; -1 if none). */
@@ -55,17 +67,21 @@ int hami_region_reclaim_dead(void);
 /* True when `pid` is one of the container's live processes (its slot pid or host pid). */
 int hami_region_has_pid(unsigned int pid);
 
-/* config.c: the environment, parsed once at load (never on a hot path). */
+/* config.c: runtime-made or bare, and the environment, read once at load (never
+ * on a hot path). */
 struct hami_config {
     uint64_t mem_limit[HAMI_MAX_DEVICES];   /* bytes, 0 = none */
     uint32_t sm_limit[HAMI_MAX_DEVICES];    /* percent, 0 = none */
     uint32_t core_policy;                   /* HAMI_POLICY_* */
     int32_t priority;                       /* 0 high, 1 low */
     int spill;                              /* CUDA_OVERSUBSCRIBE=true: HAMI_DEVICE_SPILL */
+    uint32_t priority_idle_ms;              /* CUDA_PRIORITY_IDLE_MS */
+    /* The paths below are the runtime's fixed ones in a runtime-made container
+     * (limits from HAMI_LIMITS_PATH, the fields above unused), else the env's. */
+    int runtime_made;                       /* HAMI_LIMITS_PATH exists */
     const char *region_path;                /* CUDA_DEVICE_MEMORY_SHARED_CACHE or NULL */
     const char *priority_board;             /* CUDA_PRIORITY_BOARD or NULL: priority has no effect */
     const char *priority_stamp_dir;         /* CUDA_PRIORITY_STAMP_DIR or NULL: never high */
-    int64_t priority_idle_ns;               /* CUDA_PRIORITY_IDLE_MS */
 };
 extern struct hami_config hami_config;
 /* Runs once (constructor and every entry point): logging level, then the env. */
@@ -86,6 +102,8 @@ uint64_t hami_mem_limit(int dev);
  * device with a limit). */
 int hami_mem_spill(int dev);
 uint64_t hami_mem_container_used(int dev);
+/* What this process charged on `dev`, by its own count (never the region's). */
+uint64_t hami_mem_own(int dev);
 /* The card a limited device shows the container, from the physical *total and *free
  * (free may be NULL): total its limit (capped at the physical size unless it spills),
  * used the container's usage, free what is left of the limit (never below 0; unless

@@ -1,26 +1,53 @@
 /* The container's device-memory count. Charge = add to the own slot, then sum all
  * slots; over the limit = take it back and refuse (region.h). Sequentially
- * consistent atomics: of two racing charges, at least one sees the other. */
+ * consistent atomics: of two racing charges, at least one sees the other.
+ *
+ * The slots are in the region, which the container can write: each process also
+ * keeps what it charged in its own memory, and is never let past the limit by
+ * that count alone, whatever the region says. */
 #include "internal.h"
 #include "log.h"
 
+#include <pthread.h>
+
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+
+/* What this process charged per device: its slot as it should read. A forked
+ * child starts a process of its own, with nothing charged. */
+static uint64_t own_used[HAMI_MAX_DEVICES];
+static pthread_once_t own_once = PTHREAD_ONCE_INIT;
+
+static void own_forget_in_child(void)
+{
+    for (int d = 0; d < HAMI_MAX_DEVICES; d++)
+        own_used[d] = 0;
+}
+
+static void own_once_body(void)
+{
+    pthread_atfork(NULL, NULL, own_forget_in_child);
+}
 
 uint64_t hami_mem_limit(int dev)
 {
-    struct hami_region *r = hami_region_get();
-    if (!r || dev < 0 || dev >= HAMI_MAX_DEVICES)
+    const struct hami_limits *l = hami_limits_get();
+    if (!l || dev < 0 || dev >= HAMI_MAX_DEVICES)
         return 0;
-    return LOAD(&r->devices[dev].mem_limit);
+    return LOAD(&l->devices[dev].mem_limit);
 }
 
 int hami_mem_spill(int dev)
 {
-    struct hami_region *r = hami_region_get();
-    if (!r || dev < 0 || dev >= HAMI_MAX_DEVICES)
+    const struct hami_limits *l = hami_limits_get();
+    if (!l || dev < 0 || dev >= HAMI_MAX_DEVICES)
         return 0;
     /* only a limited device spills: the limit is what bounds the host memory it may take */
-    return LOAD(&r->devices[dev].mem_limit) && (LOAD(&r->devices[dev].flags) & HAMI_DEVICE_SPILL);
+    return LOAD(&l->devices[dev].mem_limit) && (LOAD(&l->devices[dev].flags) & HAMI_DEVICE_SPILL);
+}
+
+uint64_t hami_mem_own(int dev)
+{
+    return dev >= 0 && dev < HAMI_MAX_DEVICES ? __atomic_load_n(&own_used[dev], __ATOMIC_SEQ_CST) : 0;
 }
 
 uint64_t hami_mem_container_used(int dev)
@@ -60,10 +87,13 @@ static int try_charge(int dev, uint64_t bytes, uint64_t limit)
     struct hami_proc_slot *self = hami_slot_begin();
     if (!self)
         return 0;
+    pthread_once(&own_once, own_once_body);
     int rc = 0;
+    uint64_t own = __atomic_add_fetch(&own_used[dev], bytes, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
-    if (limit && hami_mem_container_used(dev) > limit) {
+    if (limit && (own > limit || hami_mem_container_used(dev) > limit)) {
         __atomic_fetch_sub(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
+        __atomic_fetch_sub(&own_used[dev], bytes, __ATOMIC_SEQ_CST);
         rc = -1;
     }
     hami_slot_end();
@@ -113,6 +143,7 @@ void hami_mem_uncharge(int dev, uint64_t bytes)
     struct hami_proc_slot *self = hami_slot_begin();
     if (self) {
         sub_clamped(&self->mem_used[dev], bytes);
+        sub_clamped(&own_used[dev], bytes);
         hami_slot_end();
     }
 }

@@ -3,6 +3,22 @@
 #include "internal.h"
 #include "hooks.h"
 
+/* Hooked so that a process libvgpu refuses (hooks.h) never starts NVML. */
+HAMI_HOOK_VOID(nvmlReturn_t, nvmlInit)
+{
+    return real();
+}
+
+HAMI_HOOK_VOID(nvmlReturn_t, nvmlInit_v2)
+{
+    return real();
+}
+
+HAMI_HOOK(nvmlReturn_t, nvmlInitWithFlags, (unsigned int flags), (flags))
+{
+    return real(flags);
+}
+
 /* Rewrites total/used/free for `dev` when it has a limit (hami_mem_view). */
 static void virtualise(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used,
                        unsigned long long *free)
@@ -36,7 +52,7 @@ HAMI_HOOK(nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMe
 }
 
 /* Keeps the container's own processes (by slot pid or host pid), in order. Only
- * when the region names devices (a runtime-made region): bare use shows all. */
+ * when the limits name devices (a runtime-made container): bare use shows all. */
 #define FILTER_PROCESSES(infos, count)                                   \
     do {                                                                 \
         unsigned int kept_ = 0;                                          \
@@ -48,8 +64,8 @@ HAMI_HOOK(nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMe
 
 static int filtering(nvmlDevice_t device)
 {
-    struct hami_region *r = hami_region_get();
-    return r && hami_mem_limit(hami_region_nvml_index(device)) && r->devices[0].uuid[0];
+    const struct hami_limits *l = hami_limits_get();
+    return l && hami_mem_limit(hami_region_nvml_index(device)) && l->devices[0].uuid[0];
 }
 
 #define DEFINE_RUNNING_PROCESSES(name, info_type)                                              \

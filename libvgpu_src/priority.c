@@ -137,14 +137,14 @@ static void *prio_map(int dir_fd, const char *name, int writable, struct stat *s
     return map;
 }
 
-/* First use of a device: its UUID (the region's, else the driver's), region
+/* First use of a device: its UUID (the limits', else the driver's), region
  * index and own stamp. Called with p->lock held. */
 static void prio_open(struct prio_dev *p, CUdevice dev)
 {
     p->region_index = hami_region_device_index(dev);
-    struct hami_region *r = hami_region_get();
-    if (r && p->region_index >= 0 && r->devices[p->region_index].uuid[0]) {
-        memcpy(p->uuid, r->devices[p->region_index].uuid, HAMI_UUID_LEN);
+    const struct hami_limits *l = hami_limits_get();
+    if (l && p->region_index >= 0 && l->devices[p->region_index].uuid[0]) {
+        memcpy(p->uuid, l->devices[p->region_index].uuid, HAMI_UUID_LEN);
         p->uuid[HAMI_UUID_LEN - 1] = '\0';
     } else if (hami_cuda_uuid(dev, p->uuid, sizeof p->uuid) < 0) {
         return;                                  /* the driver cannot tell yet: try again later */
@@ -290,7 +290,8 @@ int hami_priority_launch_slow(void)
     struct prio_dev *p = prio_current(&dev);
     if (!p)
         return -1;
-    int64_t idle = hami_config.priority_idle_ns;
+    const struct hami_limits *limits = hami_limits_get();
+    int64_t idle = (int64_t)(limits ? limits->priority_idle_ms : HAMI_PRIORITY_IDLE_MS_DEFAULT) * 1000000LL;
     int64_t now = hami_now_ns();
     struct hami_region *r = hami_region_get();
     uint64_t *paused_ns = r && p->region_index >= 0 ? &r->sm[p->region_index].paused_ns : NULL;

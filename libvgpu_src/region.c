@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -96,32 +97,24 @@ static int owner_alive(uint64_t owner)
 
 /* ---- mapping ---- */
 
-static void fill_from_config(struct hami_region *r)
+static void init_header(struct hami_region *r)
 {
-    r->device_count = HAMI_MAX_DEVICES;   /* bare: indices are CUDA ordinals */
-    r->core_policy = hami_config.core_policy;
-    r->priority = hami_config.priority;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     r->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    for (int i = 0; i < HAMI_MAX_DEVICES; i++) {
-        r->devices[i].mem_limit = hami_config.mem_limit[i];
-        r->devices[i].sm_limit = hami_config.sm_limit[i];
-        r->devices[i].flags = hami_config.spill ? HAMI_DEVICE_SPILL : 0;
-    }
     r->magic = HAMI_REGION_MAGIC;
     r->version = HAMI_REGION_VERSION;
     __atomic_store_n(&r->state, HAMI_REGION_READY, __ATOMIC_RELEASE);
 }
 
-static int region_usable(const struct hami_region *r, const char *path)
+/* What makes a mapped region unusable (written to why), or 0 when it is usable. */
+static int region_problem(const struct hami_region *r, const char *path, char *why, size_t len)
 {
-    if (r->magic != HAMI_REGION_MAGIC || r->version != HAMI_REGION_VERSION) {
-        hami_error("region %s: magic %#llx version %u, expected %#llx version %u; "
-                   "running without limits", path, (unsigned long long)r->magic, r->version,
-                   (unsigned long long)HAMI_REGION_MAGIC, HAMI_REGION_VERSION);
+    if (r->magic == HAMI_REGION_MAGIC && r->version == HAMI_REGION_VERSION)
         return 0;
-    }
+    snprintf(why, len, "region %s: magic %#llx version %u, expected %#llx version %u", path,
+             (unsigned long long)r->magic, r->version, (unsigned long long)HAMI_REGION_MAGIC,
+             HAMI_REGION_VERSION);
     return 1;
 }
 
@@ -133,14 +126,43 @@ static struct hami_region *map_private(void)
         hami_error("cannot map a private region: %s; running without limits", strerror(errno));
         return NULL;
     }
-    fill_from_config(p);
+    init_header(p);
     return p;
 }
 
+/* A runtime-made container's region: the runtime made it complete and it is
+ * never made here (a missing one was removed from inside); never through a
+ * symlink or a FIFO planted in its place. NULL, and why, when it is not usable. */
+static struct hami_region *map_runtime_region(const char *path, char *why, size_t len)
+{
+    const size_t size = sizeof(struct hami_region);
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, len, "region %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct hami_region *r = NULL;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size != size) {
+        snprintf(why, len, "region %s: not a region (a regular file of %zu bytes)", path, size);
+    } else if ((r = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        r = NULL;
+        snprintf(why, len, "region %s: mmap: %s", path, strerror(errno));
+    } else if (region_problem(r, path, why, len)) {
+        munmap(r, size);
+        r = NULL;
+    }
+    close(fd);
+    return r;
+}
+
+/* Bare use: the file the env names, made here (from nothing but a header) when
+ * no process has made it yet. NULL when it cannot be used: then nothing is limited. */
 static struct hami_region *map_file(const char *path)
 {
     const size_t size = sizeof(struct hami_region);
     struct hami_region *r = NULL;
+    char why[PATH_MAX + 160];
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT)
         fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
@@ -185,20 +207,17 @@ static struct hami_region *map_file(const char *path)
                 ;
             locked = 1;
         }
-        /* Holding the lock: a creator that left it unfinished is gone. */
-        if (__atomic_load_n(&r->state, __ATOMIC_ACQUIRE) != HAMI_REGION_READY) {
-            if (r->magic != 0 && r->magic != HAMI_REGION_MAGIC) {
-                region_usable(r, path);
-                munmap(p, size);
-                r = NULL;
-                goto out;
-            }
-            hami_info("region %s: created from this process's environment", path);
+        /* Holding the lock: a creator that left it unfinished is gone (a foreign
+         * file is left as it is, and refused below). */
+        if (__atomic_load_n(&r->state, __ATOMIC_ACQUIRE) != HAMI_REGION_READY &&
+            (r->magic == 0 || r->magic == HAMI_REGION_MAGIC)) {
+            hami_info("region %s: created", path);
             r->state = HAMI_REGION_INITIALIZING;
-            fill_from_config(r);
+            init_header(r);
         }
     }
-    if (!region_usable(r, path)) {
+    if (region_problem(r, path, why, sizeof why)) {
+        hami_error("%s; running without limits", why);
         munmap(p, size);
         r = NULL;
     }
@@ -220,11 +239,41 @@ static void forget_slot_in_child(void)
     pthread_mutex_init(&self_lock, NULL);
 }
 
+static const struct hami_limits *g_limits;
+static int g_refused;
+
+/* A runtime-made container takes everything from the runtime's files, and fails
+ * closed when they cannot be used: its processes then get no GPU at all, never
+ * one without limits. Bare use takes the env's limits. */
 static void region_once_body(void)
 {
     hami_init();
-    g_region = hami_config.region_path ? map_file(hami_config.region_path) : map_private();
+    if (hami_config.runtime_made) {
+        char why[2 * PATH_MAX];
+        g_limits = hami_limits_map(HAMI_LIMITS_PATH, why, sizeof why);
+        if (g_limits)
+            g_region = map_runtime_region(hami_config.region_path, why, sizeof why);
+        if (!g_limits || !g_region) {
+            g_refused = 1;
+            hami_error("%s; every CUDA and NVML call of this process is refused", why);
+        }
+    } else {
+        g_limits = hami_limits_from_env();
+        g_region = hami_config.region_path ? map_file(hami_config.region_path) : map_private();
+    }
     pthread_atfork(NULL, NULL, forget_slot_in_child);
+}
+
+const struct hami_limits *hami_limits_get(void)
+{
+    pthread_once(&region_once, region_once_body);
+    return g_region ? g_limits : NULL;
+}
+
+int hami_refused(void)
+{
+    pthread_once(&region_once, region_once_body);
+    return g_refused;
 }
 
 /* Serialises context creation among the container's processes: a flock on the
@@ -450,10 +499,10 @@ int hami_region_has_pid(unsigned int pid)
 
 /* ---- devices ---- */
 
-static int region_has_uuids(const struct hami_region *r)
+static int limits_have_uuids(const struct hami_limits *l)
 {
-    for (uint32_t i = 0; i < r->device_count && i < HAMI_MAX_DEVICES; i++)
-        if (r->devices[i].uuid[0])
+    for (uint32_t i = 0; i < l->device_count && i < HAMI_MAX_DEVICES; i++)
+        if (l->devices[i].uuid[0])
             return 1;
     return 0;
 }
@@ -463,12 +512,12 @@ static const char *skip_gpu_prefix(const char *uuid)
     return strncasecmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid;
 }
 
-static int index_of_uuid(const struct hami_region *r, const char *uuid)
+static int index_of_uuid(const struct hami_limits *l, const char *uuid)
 {
     const char *want = skip_gpu_prefix(uuid);
-    for (uint32_t i = 0; i < r->device_count && i < HAMI_MAX_DEVICES; i++) {
+    for (uint32_t i = 0; i < l->device_count && i < HAMI_MAX_DEVICES; i++) {
         char have[HAMI_UUID_LEN];
-        memcpy(have, r->devices[i].uuid, HAMI_UUID_LEN);
+        memcpy(have, l->devices[i].uuid, HAMI_UUID_LEN);
         have[HAMI_UUID_LEN - 1] = '\0';
         if (have[0] && strcasecmp(skip_gpu_prefix(have), want) == 0)
             return (int)i;
@@ -497,20 +546,20 @@ static int cuda_index_cache[HAMI_MAX_ORDINALS] = {[0 ... HAMI_MAX_ORDINALS - 1] 
 
 int hami_region_device_index(CUdevice dev)
 {
-    struct hami_region *r = hami_region_get();
-    if (!r || dev < 0 || dev >= HAMI_MAX_ORDINALS)
+    const struct hami_limits *l = hami_limits_get();
+    if (!l || dev < 0 || dev >= HAMI_MAX_ORDINALS)
         return -1;
     int cached = __atomic_load_n(&cuda_index_cache[dev], __ATOMIC_ACQUIRE);
     if (cached != -2)
         return cached;
     int index = -1;
-    if (!region_has_uuids(r)) {
+    if (!limits_have_uuids(l)) {
         index = dev < HAMI_MAX_DEVICES ? dev : -1;
     } else {
         char uuid[HAMI_UUID_LEN];
         if (hami_cuda_uuid(dev, uuid, sizeof uuid) < 0)
             return -1;   /* not cached: the driver may not be initialised yet */
-        index = index_of_uuid(r, uuid);
+        index = index_of_uuid(l, uuid);
         if (index < 0)
             hami_warn("device %d (%s) is not in the region; not limited", dev, uuid);
     }
@@ -546,8 +595,8 @@ static pthread_mutex_t nvml_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int hami_region_nvml_index(nvmlDevice_t dev)
 {
-    struct hami_region *r = hami_region_get();
-    if (!r || !dev)
+    const struct hami_limits *l = hami_limits_get();
+    if (!l || !dev)
         return -1;
     pthread_mutex_lock(&nvml_cache_lock);
     for (int i = 0; i < nvml_cache_len; i++) {
@@ -564,8 +613,8 @@ int hami_region_nvml_index(nvmlDevice_t dev)
     if (!get_uuid || get_uuid(dev, uuid, sizeof uuid) != NVML_SUCCESS)
         return -1;
     int index = -1;
-    if (region_has_uuids(r)) {
-        index = index_of_uuid(r, uuid);
+    if (limits_have_uuids(l)) {
+        index = index_of_uuid(l, uuid);
     } else if (getenv("CUDA_VISIBLE_DEVICES")) {
         /* bare use, devices renumbered for CUDA: find the CUDA ordinal of this UUID */
         index = cuda_ordinal_of_uuid(uuid);

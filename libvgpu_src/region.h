@@ -1,20 +1,38 @@
 /*
- * Shared region: the one definition of the file that the runtime creates on
- * the host (<state_dir>/containers/<id>/vgpu.region) and that every process
- * of the container maps (path in CUDA_DEVICE_MEMORY_SHARED_CACHE).
+ * The two files a runtime-made container's processes share, in one definition:
+ *
+ * - the LIMITS (struct hami_limits): what the container was granted (its GPUs
+ *   by UUID, memory and SM limits, core policy, priority, priority idle time).
+ *   The runtime writes it on the host (<state_dir>/private/<name>/limits, a
+ *   host-only dir) and bind-mounts it read-only at HAMI_LIMITS_PATH; nothing in
+ *   the container can change, replace or remove it. hamictl update rewrites it
+ *   in place (the mount holds the inode), one aligned store per field.
+ * - the REGION (struct hami_region): the container's usage (per-process slots,
+ *   the SM limiter's buckets and counters), in the region dir the runtime mounts
+ *   read-write at HAMI_RUNTIME_REGION_DIR, as every process of the container
+ *   updates it. The container can write it: what it holds is trusted for
+ *   nothing but that container's own accounting.
  *
  * Python reads this same header through cffi (hami_runtime/node/region.py), so it
  * keeps to what cffi's cdef parses: fixed-width fields, plain structs, and
- * "#define NAME <integer>" constants. Other preprocessor lines are ignored
- * by that reader.
+ * "#define NAME <integer>" constants. Other preprocessor lines (the paths below)
+ * are ignored by that reader.
  *
- * Protocol
+ * Runtime-made or bare: a process is in a runtime-made container when
+ * HAMI_LIMITS_PATH exists (a read-only mount point, which a process in the
+ * container can neither remove nor unmount). Then limits, policy, priority and
+ * every path come only from that file and the fixed paths below, never from the
+ * environment, and anything unusable (the limits missing, writable, malformed;
+ * the region missing or malformed) makes libvgpu fail closed. Otherwise
+ * (LD_PRELOAD outside the runtime, as HAMi-core is used) limits come from the
+ * environment and the region from CUDA_DEVICE_MEMORY_SHARED_CACHE.
+ *
+ * Region protocol
  * - Creation: the runtime writes a complete region to a temporary file and
  *   renames it into place, so a reader sees nothing or a finished region.
- *   A process used bare (LD_PRELOAD, no runtime) that finds no file creates
- *   it under flock(LOCK_EX), fills the limits from its env and only then
- *   sets `state` to HAMI_REGION_READY. A region that is READY is never
- *   re-initialised from a process's env: limits come from the creator.
+ *   A process used bare that finds no file creates it under flock(LOCK_EX) and
+ *   only then sets `state` to HAMI_REGION_READY. A runtime-made container's
+ *   processes never create it.
  * - Processes: a process claims a free slot by compare-and-swap of `owner`
  *   from 0 to hami_owner(pid, start time). Its usage lives only in its slot.
  * - Memory charge (lock-free, never overcommits): add the size to the own
@@ -30,28 +48,38 @@
  *   taken by CAS to the reclaimer's owner value before zeroing and put back to
  *   0 before `owner` is; a reclaimer killed half-way leaves a token naming a
  *   dead process, which the next reclaimer takes over the same way.
- * - Live changes (hamictl update, under the runtime's node lock, after the
- *   allocation record is written): only `devices[i].sm_limit`, `core_policy`,
- *   `devices[i].mem_limit` and `priority` change, each with one aligned store
- *   of the whole field (never `uuid` or `device_count`), so no reader sees a
- *   torn value. Each field is a complete setting alone and no reader needs
- *   two of them to agree: a reader that reads two mid-update sees at worst
- *   one old and one new value for one call, so no order is relied on (the
- *   runtime writes SM share and policy, then memory, then priority).
- *   libvgpu keeps no copy of them: every allocation, launch and view reads
- *   the region, so all processes follow at their next call. A memory limit
- *   may be set below what the slots hold (a forced shrink): nothing is
- *   freed, every charge is refused until the sum falls below it (a charge
- *   compares the sum with the limit it loaded, one 64-bit load), and views
- *   clamp free to 0.
+ *
+ * Limits protocol (live changes: hamictl update, under the runtime's node lock,
+ * after the allocation record is written): only `devices[i].sm_limit`,
+ * `core_policy`, `devices[i].mem_limit` and `priority` change, each with one
+ * aligned store of the whole field (never `uuid` or `device_count`), so no
+ * reader sees a torn value. Each field is a complete setting alone and no
+ * reader needs two of them to agree: a reader that reads two mid-update sees at
+ * worst one old and one new value for one call, so no order is relied on (the
+ * runtime writes SM share and policy, then memory, then priority). libvgpu
+ * keeps no copy of them: every allocation, launch and view reads the limits,
+ * so all processes follow at their next call. A memory limit may be set below
+ * what the slots hold (a forced shrink): nothing is freed, every charge is
+ * refused until the sum falls below it (a charge compares the sum with the
+ * limit it loaded, one 64-bit load), and views clamp free to 0.
  */
 #ifndef HAMI_REGION_H
 #define HAMI_REGION_H
 
 #include <stdint.h>
 
+/* Where the runtime puts them in a container (hami_runtime/lifecycle/modifiers.py
+ * says the same; a test checks that they agree). */
+#define HAMI_LIMITS_PATH "/usr/local/vgpu/limits"
+#define HAMI_RUNTIME_REGION_DIR "/usr/local/vgpu/shared"
+#define HAMI_RUNTIME_REGION_PATH HAMI_RUNTIME_REGION_DIR "/vgpu.region"
+#define HAMI_RUNTIME_STAMP_DIR HAMI_RUNTIME_REGION_DIR "/activity"
+#define HAMI_RUNTIME_BOARD_DIR "/usr/local/vgpu/priority"
+
+#define HAMI_LIMITS_MAGIC 0x3153544d494c4148
+#define HAMI_LIMITS_VERSION 1
 #define HAMI_REGION_MAGIC 0x314e4752494d4148
-#define HAMI_REGION_VERSION 1
+#define HAMI_REGION_VERSION 2
 #define HAMI_MAX_DEVICES 16
 #define HAMI_MAX_PROCS 1024
 #define HAMI_UUID_LEN 96
@@ -61,6 +89,9 @@
 #define HAMI_REGION_READY 2
 
 #define HAMI_OWNER_RECLAIMING 0xffffffffffffffff
+
+#define HAMI_PRIORITY_IDLE_MS_DEFAULT 200
+#define HAMI_PRIORITY_IDLE_MS_MAX 60000
 
 #define HAMI_POLICY_DEFAULT 0
 #define HAMI_POLICY_FORCE 1
@@ -87,6 +118,19 @@ struct hami_device_limit {
     uint32_t flags;            /* HAMI_DEVICE_* bits */
 };
 
+/* What a container may use: the limits file (see above). */
+struct hami_limits {
+    uint64_t magic;            /* HAMI_LIMITS_MAGIC */
+    uint32_t version;          /* HAMI_LIMITS_VERSION */
+    uint32_t device_count;     /* devices[0, device_count) are the container's GPUs */
+    uint32_t core_policy;      /* HAMI_POLICY_* */
+    int32_t priority;          /* 0 high, 1 low */
+    uint32_t priority_idle_ms; /* low-priority launches resume once high work idled this long */
+    uint32_t reserved;
+    uint64_t created_ns;       /* CLOCK_REALTIME */
+    struct hami_device_limit devices[HAMI_MAX_DEVICES];
+};
+
 /* SM limiter state shared by the container's processes, per device. */
 struct hami_sm_state {
     int64_t tokens_ns;         /* busy time the container may still use */
@@ -97,16 +141,15 @@ struct hami_sm_state {
     uint64_t reserved[3];
 };
 
+/* What the container's processes use: the region file. Device indices are the
+ * limits' (bare: CUDA ordinals). */
 struct hami_region {
     uint64_t magic;            /* HAMI_REGION_MAGIC */
     uint32_t version;          /* HAMI_REGION_VERSION */
     uint32_t state;            /* HAMI_REGION_EMPTY / INITIALIZING / READY */
-    uint32_t device_count;
-    uint32_t core_policy;      /* HAMI_POLICY_* */
-    int32_t priority;          /* 0 high, 1 low */
     uint32_t procs_high;       /* slots [0, procs_high) were ever claimed; only grows */
+    uint32_t reserved;
     uint64_t created_ns;       /* CLOCK_REALTIME */
-    struct hami_device_limit devices[HAMI_MAX_DEVICES];
     struct hami_sm_state sm[HAMI_MAX_DEVICES];
     struct hami_proc_slot procs[HAMI_MAX_PROCS];
 };

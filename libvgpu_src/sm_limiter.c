@@ -40,6 +40,12 @@
  *   without knowing the pid NVML knows us by, it stays 1.
  * - Everything shared is updated with atomics; no lock spans processes, so a
  *   process killed at any instant leaves at most its estimates charged.
+ * - The region is the container's to write, so its bucket is not trusted
+ *   alone: each process also keeps a bucket of its own (same share, same
+ *   charges, in its own memory) and waits while either is empty. Honestly
+ *   used, the own bucket never holds less than the shared one (it pays only
+ *   for its process's work); scribbled over, the shared one can let the
+ *   container's processes together run past the share, never one of them.
  *
  * Within a process, a limited launch holds its device's local lock from
  * before_launch to after_launch (the driver's launch call only, never a sleep),
@@ -105,6 +111,7 @@ struct sm_local {
     int64_t next_tick_ns;
     int ticks;
     struct { int64_t at, measured, unmeasured; } history[SM_HISTORY];
+    struct hami_sm_state own;                    /* this process's own bucket (tokens, refill) */
     /* `default` policy */
     int alone;                                   /* no other container's work lately */
     int64_t next_look_ns;
@@ -131,7 +138,7 @@ struct sm_driver {
 };
 
 /* Cached per process and device (OFF looked at again per launch, see
- * hami_sm_before_launch): the hot path reads one byte and the region. */
+ * hami_sm_before_launch): the hot path reads one byte and the limits. */
 static uint8_t sm_mode[HAMI_MAX_DEVICES];
 static struct sm_local sm_local[HAMI_MAX_DEVICES];
 static struct sm_driver sm_drv;
@@ -187,19 +194,19 @@ static void sm_init_once(void)
 }
 
 /* The share (percent) that applies to `dev` now, 0 when none. Read from the
- * region at every call: hamictl update changes limit and policy live. */
-static uint32_t sm_share(struct hami_region *region, int dev)
+ * limits at every call: hamictl update changes limit and policy live. */
+static uint32_t sm_share(const struct hami_limits *limits, int dev)
 {
-    if (!region || (uint32_t)dev >= region->device_count ||
-        __atomic_load_n(&region->core_policy, __ATOMIC_RELAXED) == HAMI_POLICY_DISABLE)
+    if (!limits || (uint32_t)dev >= limits->device_count ||
+        __atomic_load_n(&limits->core_policy, __ATOMIC_RELAXED) == HAMI_POLICY_DISABLE)
         return 0;
-    uint32_t limit = __atomic_load_n(&region->devices[dev].sm_limit, __ATOMIC_RELAXED);
+    uint32_t limit = __atomic_load_n(&limits->devices[dev].sm_limit, __ATOMIC_RELAXED);
     return (limit == 0 || limit >= 100) ? 0 : limit;
 }
 
 static uint8_t sm_decide(int dev)
 {
-    uint32_t share = sm_share(hami_region_get(), dev);
+    uint32_t share = sm_share(hami_limits_get(), dev);
     uint8_t mode = share ? SM_ON : SM_OFF;
     if (share)
         hami_info("SM limit on device %d: %u%%", dev, share);
@@ -227,10 +234,14 @@ static void sm_refill(struct hami_sm_state *st, uint32_t share, int64_t now)
         ;
 }
 
-static void sm_charge(struct hami_sm_state *st, int64_t ns)
+/* Charges (or gives back, ns < 0) device time to the container's bucket and the
+ * process's own. */
+static void sm_charge(struct sm_local *loc, struct hami_sm_state *st, int64_t ns)
 {
-    if (ns)
+    if (ns) {
         __atomic_sub_fetch(&st->tokens_ns, ns, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&loc->own.tokens_ns, ns, __ATOMIC_ACQ_REL);
+    }
 }
 
 /* ---- measurements ---- */
@@ -264,7 +275,7 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
             int64_t used = (int64_t)((double)ns * loc->factor);
             loc->measured_ns += ns;
             if (p->billed)
-                sm_charge(st, used - p->charged_ns);
+                sm_charge(loc, st, used - p->charged_ns);
             __atomic_add_fetch(&st->busy_ns, (uint64_t)used, __ATOMIC_RELAXED);
             struct hami_proc_slot *self = hami_slot_begin();
             if (self) {
@@ -513,15 +524,15 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
 {
     if (mode != SM_ON && sm_decide(dev) == SM_OFF)
         return;
-    struct hami_region *region = hami_region_get();
+    const struct hami_limits *limits = hami_limits_get();
     pthread_once(&sm_once, sm_init_once);
-    struct hami_sm_state *st = &region->sm[dev];
+    struct hami_sm_state *st = &hami_region_get()->sm[dev];
     struct sm_local *loc = &sm_local[dev];
 
     pthread_mutex_lock(&loc->lock);
     int billed = 1;
     for (;;) {
-        uint32_t share = sm_share(region, dev);
+        uint32_t share = sm_share(limits, dev);
         if (!share) {                            /* limit lifted while running */
             pthread_mutex_unlock(&loc->lock);
             return;
@@ -532,12 +543,15 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
             sm_correct(loc, now);
         }
         sm_refill(st, share, now);
+        sm_refill(&loc->own, share, now);
         int window_open = sm_window_open(loc);
         /* alone, only the window applies: it bounds the work queued ahead, and
          * so how long a neighbour's arrival takes to be felt */
-        int free_run = __atomic_load_n(&region->core_policy, __ATOMIC_RELAXED) == HAMI_POLICY_DEFAULT &&
+        int free_run = __atomic_load_n(&limits->core_policy, __ATOMIC_RELAXED) == HAMI_POLICY_DEFAULT &&
                        sm_alone(loc, now);
-        int64_t tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
+        int64_t shared = __atomic_load_n(&st->tokens_ns, __ATOMIC_ACQUIRE);
+        int64_t own = __atomic_load_n(&loc->own.tokens_ns, __ATOMIC_ACQUIRE);
+        int64_t tokens = own < shared ? own : shared;
         if ((free_run || tokens > 0) && window_open) {
             billed = !free_run;
             break;
@@ -559,7 +573,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     }
 
     int64_t estimate = billed ? loc->estimate_ns : 0;
-    sm_charge(st, estimate);
+    sm_charge(loc, st, estimate);
     int idx = sm_events_ok ? sm_probe_get(loc) : -1;
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
@@ -601,7 +615,7 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
         if (result != CUDA_SUCCESS) {
-            sm_charge(st, -p->charged_ns);       /* nothing ran: give the estimate back */
+            sm_charge(loc, st, -p->charged_ns);  /* nothing ran: give the estimate back */
             sm_probe_release(loc, p);
         } else if (sm_drv.event_record(p->end, stream) == CUDA_SUCCESS) {
             p->state = PROBE_FLYING;
@@ -609,7 +623,7 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
             sm_probe_release(loc, p);            /* unmeasurable: the estimate stays charged */
         }
     } else if (result != CUDA_SUCCESS) {
-        sm_charge(st, -sm_armed_charge);
+        sm_charge(loc, st, -sm_armed_charge);
     }
     pthread_mutex_unlock(&loc->lock);
     if (result == CUDA_SUCCESS) {
@@ -622,14 +636,14 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
 }
 
 /* OFF is never final: a device found unlimited is looked at again at each launch
- * (two loads from the mapped region), so a share set later by hamictl update holds
+ * (two loads from the mapped limits), so a share set later by hamictl update holds
  * from the next launch. ON stays ON (a lifted share makes the slow path return). */
 void hami_sm_before_launch(int dev, CUstream stream)
 {
     uint8_t mode = (uint32_t)dev < HAMI_MAX_DEVICES ? __atomic_load_n(&sm_mode[dev], __ATOMIC_RELAXED)
                                                     : SM_OFF;
     if (__builtin_expect(mode == SM_OFF, 1) &&
-        ((uint32_t)dev >= HAMI_MAX_DEVICES || !sm_share(hami_region_get(), dev)))
+        ((uint32_t)dev >= HAMI_MAX_DEVICES || !sm_share(hami_limits_get(), dev)))
         return;
     sm_before_slow(dev, stream, mode);
 }

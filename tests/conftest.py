@@ -1,4 +1,7 @@
-"""Paths every test directory shares."""
+"""Paths and helpers every test directory shares."""
+import functools
+import subprocess
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -6,3 +9,23 @@ BUILD = ROOT / "build"
 SIM = BUILD / "sim"
 SIM_LIB = SIM / "lib"
 LIBVGPU = BUILD / "libvgpu.so"
+
+
+@functools.lru_cache(maxsize=None)
+def sim_uuids():
+    """The simulated cards' UUIDs (the same in every process and run)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = subprocess.run([str(BUILD / "tests" / "vgpu_probe"), "link", "uuids"], check=True,
+                             capture_output=True, text=True, timeout=30,
+                             env={"LD_LIBRARY_PATH": str(SIM_LIB), "HAMI_SIM_STATE": f"{scratch}/gpu.state"})
+    return out.stdout.split()
+
+
+RUNTIME_MADE = ROOT / "scripts" / "runtime-made.sh"
+
+
+def runtime_made(limits, region_dir, board=None, limits_mount="ro"):
+    """The argv prefix that runs a program as a process of a runtime-made container
+    finds libvgpu's files (scripts/runtime-made.sh; `limits_mount` "rw": the limits
+    mounted writable, as no runtime mounts them). Needs root, as runc does."""
+    return [str(RUNTIME_MADE), str(limits), str(region_dir), str(board or ""), limits_mount]

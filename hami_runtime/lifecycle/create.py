@@ -85,7 +85,7 @@ def hook_argv(cfg: Config, runc_root: str) -> list[str]:
 
 def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
                     request, marker: dict, launcher=None) -> "modifiers.Injection":
-    from . import modifiers, priority_board, store
+    from . import container_files, modifiers, priority_board, store
     minor_of = {g.uuid: g.minor for g in gpus}
     region_dir = store.container_dir(cfg.state_dir, name)
     preload = os.path.join(store.private_dir(cfg.state_dir, name), "ld.so.preload")
@@ -94,6 +94,8 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
     mounts += [
         modifiers.Mount(cfg.libvgpu, modifiers.LIBVGPU_PATH, tuple(modifiers.RO_BIND)),
         modifiers.Mount(preload, modifiers.PRELOAD_PATH, tuple(modifiers.RO_BIND)),
+        modifiers.Mount(container_files.limits_path(cfg.state_dir, name), modifiers.LIMITS_PATH,
+                        tuple(modifiers.RO_BIND)),
         modifiers.Mount(region_dir, modifiers.REGION_DIR, tuple(modifiers.RW_BIND)),
         modifiers.Mount(priority_board.board_root(cfg.state_dir), modifiers.BOARD_DIR,
                         tuple(modifiers.RO_BIND)),
@@ -105,17 +107,16 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
     env["CUDA_DEVICE_SM_LIMIT"] = str(grants[0].cores)
     if len({g.cores for g in grants}) > 1:
         env.update({f"CUDA_DEVICE_SM_LIMIT_{i}": str(g.cores) for i, g in enumerate(grants)})
+    # What the limits file says, for HAMi-core and the workload to read: libvgpu in a
+    # runtime-made container takes nothing from the env.
     env.update({
         "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in grants),
         "GPU_CORE_UTILIZATION_POLICY": request.core_policy,
         "CUDA_TASK_PRIORITY": str(request.priority),
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{modifiers.REGION_DIR}/vgpu.region",
-        "CUDA_PRIORITY_BOARD": modifiers.BOARD_DIR,
-        "CUDA_PRIORITY_STAMP_DIR": f"{modifiers.REGION_DIR}/{priority_board.STAMP_DIR}",
-        "CUDA_PRIORITY_IDLE_MS": str(cfg.priority_idle_ms),
     })
     if spill_flags(cfg, request):
-        env["CUDA_OVERSUBSCRIBE"] = "true"  # the region says so to libvgpu; HAMi-core reads this
+        env["CUDA_OVERSUBSCRIBE"] = "true"
     env.update(cfg.extra_env)
     library_dirs = []
     for f in driver_files:
@@ -139,7 +140,7 @@ def spill_flags(cfg: Config, request) -> int:
 
 def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
                        ) -> None:
-    from . import modifiers, priority_board, store
+    from . import container_files, modifiers, priority_board, store
     from ..node import region
     from ..files import atomic_write
     region_dir, private = store.make_dirs(cfg.state_dir, name)
@@ -149,9 +150,9 @@ def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, c
     # The region file is 0666 (any container user maps it); the dir stays the host's.
     os.chmod(region_dir, 0o755)
     flags = spill_flags(cfg, request)
-    region.write_new(os.path.join(region_dir, region.REGION_FILE_NAME),
-                  [region.DeviceLimit(g.uuid, g.mem_mib << 20, g.cores, flags) for g in grants],
-                  core_policy=request.core_policy, priority=request.priority)
+    container_files.make(
+        cfg.state_dir, name, [region.DeviceLimit(g.uuid, g.mem_mib << 20, g.cores, flags) for g in grants],
+        request.core_policy, request.priority, cfg.priority_idle_ms)
     atomic_write(os.path.join(private, "ld.so.preload"),
                  (modifiers.LIBVGPU_PATH + "\n").encode(), 0o644)
     owner = {"id": cid, "runc_root": inv.root, "bundle": inv.bundle, "creator": creator}

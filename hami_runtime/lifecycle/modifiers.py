@@ -14,8 +14,11 @@ TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+# Where libvgpu looks (libvgpu_src/region.h: HAMI_LIMITS_PATH, HAMI_RUNTIME_*; a
+# test checks that they agree).
 VGPU_DIR = "/usr/local/vgpu"
 LIBVGPU_PATH = f"{VGPU_DIR}/libvgpu.so"
+LIMITS_PATH = f"{VGPU_DIR}/limits"      # the host's limits file, read-only
 REGION_DIR = f"{VGPU_DIR}/shared"
 BOARD_DIR = f"{VGPU_DIR}/priority"      # the priority board, read-only
 PRELOAD_PATH = "/etc/ld.so.preload"

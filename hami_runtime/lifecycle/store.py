@@ -5,8 +5,10 @@ Layout of the state dir:
   allocations.json    {"version": 2, "allocations": {<name>: entry},
                        "invalid": {<name>: {"entry": ..., "reason": ...}}}
   allocations.lock    the lock (a separate file, so the rename keeps it valid)
-  containers/<name>/  the shared-region dir, mounted into the container
-  private/<name>/     host-only files: ld.so.preload, owner.json, pid (the
+  containers/<name>/  the region dir, mounted read-write into the container
+                      (container_files.py: never trusted, never followed)
+  private/<name>/     host-only files: limits (mounted read-only), region.json
+                      (the region's identity), ld.so.preload, owner.json, pid (the
                       container's host PID, written by the createRuntime hook),
                       resized.json (devices, policy, priority after hamictl update)
   priority/<uuid>/    the priority board: links to high-priority containers'

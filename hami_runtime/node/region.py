@@ -1,4 +1,5 @@
-"""The shared region from Python: create, read and update it through cffi.
+"""A container's limits and region files from Python (region.h says what each is
+for and who may write it): create, read and update them through cffi.
 
 The layout is read at import time from the one C header that libvgpu is built
 from (``libvgpu_src/region.h``), so there is no second copy of it here: only
@@ -18,6 +19,7 @@ from __future__ import annotations
 import builtins
 import mmap
 import os
+import stat
 import sys
 import time
 from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
@@ -32,7 +34,8 @@ def Path(*parts):  # noqa: N802 - pathlib.Path, loaded on first use (the create 
     from pathlib import Path as _Path
     return _Path(*parts)
 
-REGION_FILE_NAME = "vgpu.region"
+REGION_FILE_NAME = "vgpu.region"  # in the container dir (read-write inside)
+LIMITS_FILE_NAME = "limits"  # in the private dir (host-only; read-only inside)
 
 # compiled where the header is parsed: a create with the prebuilt layout loads no re
 _INTEGER_DEFINE = (
@@ -144,6 +147,8 @@ def _const(name: str) -> int:
     return getattr(_consts, name)
 
 
+LIMITS_MAGIC = _const("HAMI_LIMITS_MAGIC")
+LIMITS_VERSION = _const("HAMI_LIMITS_VERSION")
 MAGIC = _const("HAMI_REGION_MAGIC")
 VERSION = _const("HAMI_REGION_VERSION")
 MAX_DEVICES = _const("HAMI_MAX_DEVICES")
@@ -152,6 +157,9 @@ UUID_LEN = _const("HAMI_UUID_LEN")
 STATE_READY = _const("HAMI_REGION_READY")
 OWNER_RECLAIMING = _const("HAMI_OWNER_RECLAIMING")
 DEVICE_SPILL = _const("HAMI_DEVICE_SPILL")  # allocations the card cannot hold may use managed memory
+PRIORITY_IDLE_MS_DEFAULT = _const("HAMI_PRIORITY_IDLE_MS_DEFAULT")
+PRIORITY_IDLE_MS_MAX = _const("HAMI_PRIORITY_IDLE_MS_MAX")
+LIMITS_SIZE = ffi.sizeof("struct hami_limits")
 REGION_SIZE = ffi.sizeof("struct hami_region")
 
 POLICIES = {
@@ -174,7 +182,7 @@ class DeviceLimit(namedtuple("DeviceLimit", "uuid mem_limit_bytes sm_limit_pct f
     uuid: str
     mem_limit_bytes: int  # 0 = no limit
     sm_limit_pct: int  # 0 or >= 100 = no limit
-    flags: int  # HAMI_DEVICE_* bits (DEVICE_SPILL); written as given, also by set_limits
+    flags: int  # HAMI_DEVICE_* bits (DEVICE_SPILL)
 
     @property
     def spill(self) -> bool:
@@ -232,80 +240,76 @@ def process_start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
     return int(fields[19])
 
 
-# ---- pure checks ---------------------------------------------------------
+# ---- pure checks and images -------------------------------------------------
 
-def validate_limits(devices: Sequence[DeviceLimit], core_policy: str, priority: int) -> None:
+def validate_limits(devices: Sequence[DeviceLimit], core_policy: str, priority: int,
+                    priority_idle_ms: int = PRIORITY_IDLE_MS_DEFAULT) -> None:
     """Raises ValueError naming the field and the value for anything the header cannot hold."""
-    if len(devices) > MAX_DEVICES:
-        raise ValueError(f"devices: {len(devices)} devices, at most {MAX_DEVICES}")
+    if not 1 <= len(devices) <= MAX_DEVICES:
+        raise ValueError(f"devices: {len(devices)} devices, 1 to {MAX_DEVICES}")
     for i, dev in enumerate(devices):
-        if len(dev.uuid.encode()) >= UUID_LEN:
-            raise ValueError(f"devices[{i}].uuid: {dev.uuid!r} longer than {UUID_LEN - 1} bytes")
+        if not dev.uuid or len(dev.uuid.encode()) >= UUID_LEN:
+            raise ValueError(f"devices[{i}].uuid: {dev.uuid!r} not 1 to {UUID_LEN - 1} bytes")
         if not isinstance(dev.mem_limit_bytes, int) or not 0 <= dev.mem_limit_bytes < 2**64:
             raise ValueError(f"devices[{i}].mem_limit_bytes: {dev.mem_limit_bytes!r} not a byte count")
         if not isinstance(dev.sm_limit_pct, int) or not 0 <= dev.sm_limit_pct <= 100:
             raise ValueError(f"devices[{i}].sm_limit_pct: {dev.sm_limit_pct!r} not in 0..100")
-        if not isinstance(dev.flags, int) or isinstance(dev.flags, bool) or not 0 <= dev.flags < 2**32:
-            raise ValueError(f"devices[{i}].flags: {dev.flags!r} not a 32-bit set of HAMI_DEVICE_* bits")
+        if not isinstance(dev.flags, int) or isinstance(dev.flags, bool) or dev.flags & ~DEVICE_SPILL \
+                or dev.flags < 0:
+            raise ValueError(f"devices[{i}].flags: {dev.flags!r} not a set of HAMI_DEVICE_* bits")
     if core_policy not in POLICIES:
         raise ValueError(f"core_policy: {core_policy!r} not one of {', '.join(POLICIES)}")
-    if priority not in (0, 1):
+    if priority not in (0, 1) or isinstance(priority, bool):
         raise ValueError(f"priority: {priority!r} not 0 (high) or 1 (low)")
+    if isinstance(priority_idle_ms, bool) or not isinstance(priority_idle_ms, int) or \
+            not 1 <= priority_idle_ms <= PRIORITY_IDLE_MS_MAX:
+        raise ValueError(f"priority_idle_ms: {priority_idle_ms!r} not in 1..{PRIORITY_IDLE_MS_MAX}")
 
 
-def _fill_limits(cregion, devices: Sequence[DeviceLimit], core_policy: str, priority: int) -> None:
-    cregion.device_count = len(devices)
-    cregion.core_policy = POLICIES[core_policy]
-    cregion.priority = priority
-    for i in range(MAX_DEVICES):
-        target = cregion.devices[i]
-        if i < len(devices):
-            uuid = devices[i].uuid.encode()
-            target.uuid = uuid + b"\0" * (UUID_LEN - len(uuid))
-            target.mem_limit = devices[i].mem_limit_bytes
-            target.sm_limit = devices[i].sm_limit_pct
-            target.flags = devices[i].flags
-        else:
-            target.uuid = b"\0" * UUID_LEN
-            target.mem_limit = 0
-            target.sm_limit = 0
-            target.flags = 0
+def limits_image(devices: Sequence[DeviceLimit], core_policy: str = "default", priority: int = 1,
+                 priority_idle_ms: int = PRIORITY_IDLE_MS_DEFAULT, created_ns: int | None = None) -> bytes:
+    """The bytes of a limits file granting these devices."""
+    validate_limits(devices, core_policy, priority, priority_idle_ms)
+    c = ffi.new("struct hami_limits *")
+    c.magic = LIMITS_MAGIC
+    c.version = LIMITS_VERSION
+    c.device_count = len(devices)
+    c.core_policy = POLICIES[core_policy]
+    c.priority = priority
+    c.priority_idle_ms = priority_idle_ms
+    c.created_ns = time.time_ns() if created_ns is None else created_ns
+    for i, dev in enumerate(devices):
+        c.devices[i].uuid = dev.uuid.encode()
+        c.devices[i].mem_limit = dev.mem_limit_bytes
+        c.devices[i].sm_limit = dev.sm_limit_pct
+        c.devices[i].flags = dev.flags
+    return bytes(ffi.buffer(c))
 
 
-def image(devices: Sequence[DeviceLimit], core_policy: str = "default", priority: int = 1,
-          created_ns: int | None = None) -> bytes:
-    """The bytes of a complete READY region with these limits and no process."""
-    validate_limits(devices, core_policy, priority)
-    cregion = ffi.new("struct hami_region *")
-    cregion.magic = MAGIC
-    cregion.version = VERSION
-    cregion.state = STATE_READY
-    cregion.created_ns = time.time_ns() if created_ns is None else created_ns
-    _fill_limits(cregion, devices, core_policy, priority)
-    return bytes(ffi.buffer(cregion))
+def region_image(created_ns: int | None = None) -> bytes:
+    """The bytes of a READY region with no process."""
+    c = ffi.new("struct hami_region *")
+    c.magic = MAGIC
+    c.version = VERSION
+    c.state = STATE_READY
+    c.created_ns = time.time_ns() if created_ns is None else created_ns
+    return bytes(ffi.buffer(c))
 
 
 # ---- file edges ------------------------------------------------------------
 
-def create(path, devices: Sequence[DeviceLimit], core_policy: str = "default",
-           priority: int = 1) -> Path:
-    """Writes a READY region at `path` atomically (temp file, fsync, rename), mode 0666."""
-    write_new(os.fspath(path), devices, core_policy, priority)
-    return Path(path)
-
-
-def write_new(path: str, devices: Sequence[DeviceLimit], core_policy: str = "default",
-              priority: int = 1) -> None:
-    """create() without pathlib (the runtime's create path)."""
-    data = image(devices, core_policy, priority)
+def write_new(path: str, data: bytes, mode: int) -> os.stat_result:
+    """Writes `data` at `path` atomically (temp file, fsync, rename); returns the new
+    file's stat (its device and inode name it from then on)."""
     from ..files import temp_beside
     fd, tmp = temp_beside(path, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
+            os.fchmod(out.fileno(), mode)
             os.fsync(out.fileno())
-            os.fchmod(out.fileno(), 0o666)
+            made = os.fstat(out.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -318,49 +322,69 @@ def write_new(path: str, devices: Sequence[DeviceLimit], core_policy: str = "def
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return made
 
 
-class Region:
-    """A mapped region file. Readers see the live counters libvgpu maintains."""
+def create_limits(path, devices: Sequence[DeviceLimit], core_policy: str = "default", priority: int = 1,
+                  priority_idle_ms: int = PRIORITY_IDLE_MS_DEFAULT) -> os.stat_result:
+    """A limits file at `path`, mode 0644 (every container user reads it)."""
+    return write_new(os.fspath(path), limits_image(devices, core_policy, priority, priority_idle_ms), 0o644)
 
-    def __init__(self, path, writable: bool = False):
-        self.path = Path(path)
+
+def create_region(path) -> os.stat_result:
+    """An empty region at `path`, mode 0666 (every container user maps it)."""
+    return write_new(os.fspath(path), region_image(), 0o666)
+
+
+def identity(st) -> list[int]:
+    """What names a file the runtime made: its device and inode."""
+    return [st.st_dev, st.st_ino]
+
+
+class _Mapped:
+    """A file of one C struct, mapped. Opened without following a symlink or
+    blocking on a FIFO, relative to `dir_fd` when given (`label`: the path to name
+    in messages); it must be a regular file of the struct's size and, with `expect`
+    ([device, inode]), that very file."""
+    CTYPE = ""
+    SIZE = 0
+    WHAT = ""
+
+    def __init__(self, path, writable: bool = False, dir_fd: int | None = None, expect=None,
+                 label: str | None = None):
+        name = os.fspath(path)
+        self.path = label or name
         self.writable = writable
+        self._c = None
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+            fd = os.open(name, flags, dir_fd=dir_fd)
         except OSError as exc:
-            raise RegionError(f"region {self.path}: {exc.strerror}") from None
+            why = "a symbolic link" if exc.errno == 40 else exc.strerror  # ELOOP
+            raise RegionError(f"{self.WHAT} {self.path}: {why}") from None
         try:
-            size = os.fstat(fd).st_size
-            if size < REGION_SIZE:
-                raise RegionError(
-                    f"region {self.path}: truncated ({size} bytes, expected {REGION_SIZE})")
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-            self._map = mmap.mmap(fd, REGION_SIZE, access=access)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise RegionError(f"{self.WHAT} {self.path}: not a regular file")
+            if expect is not None and identity(st) != list(expect):
+                raise RegionError(f"{self.WHAT} {self.path}: replaced (not the file the runtime made)")
+            if st.st_size != self.SIZE:
+                raise RegionError(f"{self.WHAT} {self.path}: {st.st_size} bytes, expected {self.SIZE}")
+            self._map = mmap.mmap(fd, self.SIZE, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        if writable:
-            self._c = ffi.from_buffer("struct hami_region *", self._map)
-        else:
-            # Read-only maps expose no writable buffer; a read-only cdata view over it.
-            self._c = ffi.from_buffer("struct hami_region *", self._map, require_writable=False)
+        # a read-only map gives a read-only cdata view
+        self._c = ffi.from_buffer(self.CTYPE, self._map, require_writable=False)
         try:
-            if self._c.magic != MAGIC:
-                raise RegionError(
-                    f"region {self.path}: bad magic {self._c.magic:#x} (expected {MAGIC:#x})")
-            if self._c.version != VERSION:
-                raise RegionError(
-                    f"region {self.path}: version {self._c.version} (this build reads {VERSION})")
-            if self._c.device_count > MAX_DEVICES:
-                raise RegionError(
-                    f"region {self.path}: device_count {self._c.device_count} "
-                    f"(at most {MAX_DEVICES})")
+            self._check(self._c)
         except RegionError:
             self.close()
             raise
 
-    # -- context manager
-    def __enter__(self) -> "Region":
+    def _check(self, c) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
@@ -372,32 +396,46 @@ class Region:
             self._c = None
             self._map.close()
 
-    def _region(self):
+    def _struct(self):
         if self._c is None:
-            raise RegionError(f"region {self.path}: closed")
+            raise RegionError(f"{self.WHAT} {self.path}: closed")
         return self._c
 
-    # -- header
-    @property
-    def state(self) -> str:
-        return STATES.get(self._region().state, str(self._region().state))
+    def _writable(self):
+        if not self.writable:
+            raise RegionError(f"{self.WHAT} {self.path}: opened read-only")
+        return self._struct()
 
-    @property
-    def created_ns(self) -> int:
-        return self._region().created_ns
+
+class Limits(_Mapped):
+    """A container's limits file (host-owned; libvgpu maps it read-only)."""
+    CTYPE = "struct hami_limits *"
+    SIZE = LIMITS_SIZE
+    WHAT = "limits"
+
+    def _check(self, c) -> None:
+        if c.magic != LIMITS_MAGIC or c.version != LIMITS_VERSION:
+            raise RegionError(f"limits {self.path}: magic {c.magic:#x} version {c.version} "
+                              f"(this build reads {LIMITS_MAGIC:#x} version {LIMITS_VERSION})")
+        if not 1 <= c.device_count <= MAX_DEVICES:
+            raise RegionError(f"limits {self.path}: device_count {c.device_count} (1 to {MAX_DEVICES})")
 
     @property
     def core_policy(self) -> str:
-        value = self._region().core_policy
+        value = self._struct().core_policy
         return _POLICY_NAMES.get(value, str(value))
 
     @property
     def priority(self) -> int:
-        return self._region().priority
+        return self._struct().priority
+
+    @property
+    def priority_idle_ms(self) -> int:
+        return self._struct().priority_idle_ms
 
     @property
     def devices(self) -> list[DeviceLimit]:
-        c = self._region()
+        c = self._struct()
         return [
             DeviceLimit(
                 uuid=ffi.string(c.devices[i].uuid, UUID_LEN).decode(errors="replace"),
@@ -408,75 +446,24 @@ class Region:
             for i in range(c.device_count)
         ]
 
-    # -- usage
-    def processes(self) -> list[ProcessUsage]:
-        """Slots held by a process (free and being-reclaimed slots left out)."""
-        c = self._region()
-        count = c.device_count
-        found = []
-        for i in range(MAX_PROCS):
-            slot = c.procs[i]
-            owner = slot.owner
-            if owner == 0 or owner == OWNER_RECLAIMING:
-                continue
-            found.append(ProcessUsage(
-                slot=i, pid=slot.pid, host_pid=slot.host_pid, started_ns=slot.started_ns, owner=owner,
-                devices=[DeviceUsage(slot.mem_used[d], slot.ctx_used[d], slot.sm_busy_ns[d],
-                                     slot.launches[d]) for d in range(count)],
-            ))
-        return found
-
-    def used_bytes(self, device: int) -> int:
-        """What the limiter counts on `device`: the sum over every slot."""
-        self._check_device(device)
-        procs = self._region().procs
-        return sum(procs[i].mem_used[device] for i in range(MAX_PROCS))
-
-    def sm_times(self, device: int) -> SmTimes:
-        """The SM counters libvgpu keeps for `device`; their deltas over a wall
-        interval give the share used and whether launches were held."""
-        self._check_device(device)
-        st = self._region().sm[device]
-        return SmTimes(st.busy_ns, st.throttled_ns, st.paused_ns)
-
-    def _check_device(self, device: int) -> None:
-        count = self._region().device_count
-        if not 0 <= device < count:
-            raise IndexError(f"device: {device} not in 0..{count - 1}")
-
-    # -- updates (the runtime and hook own these; libvgpu only reads limits)
-    def _writable(self):
-        if not self.writable:
-            raise RegionError(f"region {self.path}: opened read-only")
-        return self._region()
-
-    def set_limits(self, devices: Sequence[DeviceLimit], core_policy: str | None = None,
-                   priority: int | None = None) -> None:
-        c = self._writable()
-        core_policy = self.core_policy if core_policy is None else core_policy
-        priority = self.priority if priority is None else priority
-        validate_limits(devices, core_policy, priority)
-        _fill_limits(c, devices, core_policy, priority)
-
     def update_live(self, mem_limits: dict[int, int] | None = None,
                     sm_limits: dict[int, int] | None = None, core_policy: str | None = None,
                     priority: int | None = None) -> None:
-        """Changes the limits of a region in use (hamictl update): only the fields
+        """Changes the limits of a container in use (hamictl update): only the fields
         given, each with one aligned store (a uint64_t or uint32_t field of a cffi
         struct is written whole; region.h's protocol says why no order between
         fields is needed). The UUIDs and the device count never change here."""
         c = self._writable()
         count = c.device_count
         mem_limits, sm_limits = mem_limits or {}, sm_limits or {}
-        for i, value in list(mem_limits.items()) + list(sm_limits.items()):
+        for i in list(mem_limits) + list(sm_limits):
             if not 0 <= i < count:
                 raise IndexError(f"device: {i} not in 0..{count - 1}")
-        current = self.devices
         validate_limits([d._replace(mem_limit_bytes=mem_limits.get(i, d.mem_limit_bytes),
                                     sm_limit_pct=sm_limits.get(i, d.sm_limit_pct))
-                         for i, d in enumerate(current)],
+                         for i, d in enumerate(self.devices)],
                         self.core_policy if core_policy is None else core_policy,
-                        self.priority if priority is None else priority)
+                        self.priority if priority is None else priority, c.priority_idle_ms)
         for i, pct in sm_limits.items():
             c.devices[i].sm_limit = pct
         if core_policy is not None:
@@ -486,22 +473,73 @@ class Region:
         for i, limit in mem_limits.items():
             c.devices[i].mem_limit = limit
 
-    def set_host_pid(self, pid: int, host_pid: int) -> int:
-        """Records the host pid of every live slot of container pid `pid`; returns how many."""
-        c = self._writable()
-        updated = 0
+
+class Region(_Mapped):
+    """A container's region: the live counters its processes keep. It is theirs to
+    write: every value is what the container says, read as plain integers."""
+    CTYPE = "struct hami_region *"
+    SIZE = REGION_SIZE
+    WHAT = "region"
+
+    def _check(self, c) -> None:
+        if c.magic != MAGIC:
+            raise RegionError(f"region {self.path}: bad magic {c.magic:#x} (expected {MAGIC:#x})")
+        if c.version != VERSION:
+            raise RegionError(f"region {self.path}: version {c.version} (this build reads {VERSION})")
+
+    @property
+    def state(self) -> str:
+        return STATES.get(self._struct().state, str(self._struct().state))
+
+    @property
+    def created_ns(self) -> int:
+        return self._struct().created_ns
+
+    def processes(self, device_count: int) -> list[ProcessUsage]:
+        """Slots held by a process (free and being-reclaimed slots left out), with
+        the usage of devices [0, device_count)."""
+        _check_device_count(device_count)
+        c = self._struct()
+        found = []
         for i in range(MAX_PROCS):
             slot = c.procs[i]
-            if slot.owner not in (0, OWNER_RECLAIMING) and slot.pid == pid:
-                slot.host_pid = host_pid
-                updated += 1
-        return updated
+            owner = slot.owner
+            if owner == 0 or owner == OWNER_RECLAIMING:
+                continue
+            found.append(ProcessUsage(
+                slot=i, pid=slot.pid, host_pid=slot.host_pid, started_ns=slot.started_ns, owner=owner,
+                devices=[DeviceUsage(slot.mem_used[d], slot.ctx_used[d], slot.sm_busy_ns[d],
+                                     slot.launches[d]) for d in range(device_count)],
+            ))
+        return found
+
+    def used_bytes(self, device: int) -> int:
+        """What the limiter counts on `device`: the sum over every slot."""
+        _check_device_count(device + 1)
+        procs = self._struct().procs
+        return sum(procs[i].mem_used[device] for i in range(MAX_PROCS))
+
+    def sm_times(self, device: int) -> SmTimes:
+        """The SM counters libvgpu keeps for `device`; their deltas over a wall
+        interval give the share used and whether launches were held."""
+        _check_device_count(device + 1)
+        st = self._struct().sm[device]
+        return SmTimes(st.busy_ns, st.throttled_ns, st.paused_ns)
 
 
-def open(path, writable: bool = False) -> Region:  # noqa: A001 - module-level API name
-    return Region(path, writable=writable)
+def _check_device_count(count: int) -> None:
+    if not 1 <= count <= MAX_DEVICES:
+        raise IndexError(f"device: {count - 1} not in 0..{MAX_DEVICES - 1}")
+
+
+def open(path, writable: bool = False, **where) -> Region:  # noqa: A001 - module-level API name
+    """The region at `path` (`where`: dir_fd, expect, label, as _Mapped takes them)."""
+    return Region(path, writable=writable, **where)
+
+
+def open_limits(path, writable: bool = False, **where) -> Limits:
+    return Limits(path, writable=writable, **where)
 
 
 def region_path(container_dir) -> Path:
     return Path(container_dir) / REGION_FILE_NAME
-

@@ -1,7 +1,9 @@
 """`hamictl top`: live GPU use per container, read from the shared regions.
 
-Each container the runtime gave a GPU has <state_dir>/containers/<id>@<root key>/vgpu.region;
-libvgpu keeps its counters there. Memory is read as it is; SM use is the
+Each container the runtime gave a GPU has its limits (<state_dir>/private/<id>@<root key>/limits)
+and its region (<state_dir>/containers/<id>@<root key>/vgpu.region), where libvgpu keeps its
+counters; both are opened as lifecycle/container_files.py says (never through a link the
+container planted; a region it replaced is shown as that container's error). Memory is read as it is; SM use is the
 measured kernel time over a short interval (two reads `interval` apart), and a
 container is "throttled" / "paused" when its launches spent time in that interval
 waiting for its SM share / for high-priority work. Two runc roots may hold the
@@ -80,19 +82,31 @@ def region_module():
 
 
 def region_files(state_dir: str) -> Dict[str, str]:
-    """allocation name (<id>@<root key>) -> region file, for every container dir
-    that has one; a symlinked containers/ is not read."""
+    """allocation name (<id>@<root key>) -> its region's path, for every container
+    whose region the runtime has made (a create still writing it is left out; a
+    region removed from inside is not, and shows as that container's error); a
+    symlinked containers/ is not read."""
+    from ..lifecycle import container_files, store
     region = region_module()
-    base = os.path.join(state_dir, "containers")
     try:
-        names = [] if os.path.islink(base) else sorted(os.listdir(base))
-    except FileNotFoundError:
+        fd = store.subdir_fd(state_dir, "containers")
+    except store.HamiError:
         return {}
+    if fd is None:
+        return {}
+    try:
+        names = sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+    base = os.path.join(state_dir, "containers")
     found = {}
     for name in names:
-        path = os.path.join(base, name, region.REGION_FILE_NAME)
-        if os.path.isfile(path) and not os.path.islink(os.path.dirname(path)):
-            found[name] = path
+        try:
+            made = container_files.region_identity(state_dir, name) is not None
+        except store.HamiError:  # not an allocation's name
+            made = False
+        if made:
+            found[name] = os.path.join(base, name, region.REGION_FILE_NAME)
     return found
 
 
@@ -128,26 +142,28 @@ def split_name(name: str) -> Tuple[str, str]:
         return name, ""
 
 
-def read_container(name: str, path: str, runc_root: str = "") -> ContainerView:
+def read_container(state_dir: str, name: str, path: str, runc_root: str = "") -> ContainerView:
+    from ..lifecycle import container_files, store
     region = region_module()
     cid, key = split_name(name)
     view = ContainerView(id=cid, region=path, name=name, root_key=key, runc_root=runc_root)
     try:
-        with region.open(path) as r:
-            view.core_policy, view.priority = r.core_policy, r.priority
-            for i, limit in enumerate(r.devices):
+        with container_files.opened(state_dir, name) as (limits, r):
+            view.core_policy, view.priority = limits.core_policy, limits.priority
+            devices = limits.devices
+            for i, limit in enumerate(devices):
                 sm = r.sm_times(i)
                 view.devices.append(DeviceView(i, limit.uuid, r.used_bytes(i), limit.mem_limit_bytes,
                                                limit.sm_limit_pct, sm.busy_ns, sm.throttled_ns,
                                                sm.paused_ns))
-            for proc in r.processes():
+            for proc in r.processes(len(devices)):
                 view.processes.append(ProcessView(
                     pid=proc.pid, host_pid=proc.host_pid,
                     mem_used_bytes=[d.mem_used for d in proc.devices],
                     ctx_used_bytes=[d.ctx_used for d in proc.devices],
                     sm_busy_ns=[d.sm_busy_ns for d in proc.devices],
                     launches=[d.launches for d in proc.devices], alive=proc.alive()))
-    except (region.RegionError, OSError) as exc:
+    except (region.RegionError, store.HamiError, OSError) as exc:
         view.error = str(exc)
     return view
 
@@ -155,7 +171,7 @@ def read_container(name: str, path: str, runc_root: str = "") -> ContainerView:
 def read_all(state_dir: str) -> List[ContainerView]:
     files = region_files(state_dir)
     roots = runc_roots(state_dir) if files else {}
-    return [read_container(name, path, roots.get(name, "")) for name, path in files.items()]
+    return [read_container(state_dir, name, path, roots.get(name, "")) for name, path in files.items()]
 
 
 def _pct(busy_now: int, busy_before: int, elapsed_ns: int) -> Optional[float]:

@@ -3,10 +3,12 @@ core policy, priority) without restarting it.
 
 One allocator transaction: the record is checked and changed under the node
 lock (lifecycle/resize.py decides), the state file is written, and only then,
-the lock still held, the container's region gets the new limits (one store per
-field, region.h). libvgpu reads the region live, so every process of the
-container follows at its next allocation, launch or view. Any refusal leaves
-the record and the region as they were.
+the lock still held, the container's limits file (host-only, read-only inside)
+gets the new limits in place (one store per field, region.h). libvgpu reads the
+limits live, so every process of the container follows at its next allocation,
+launch or view. Any refusal leaves the record and the limits as they were. What
+the container uses now is read from its region (container_files: never through
+a link the container planted).
 """
 from __future__ import annotations
 
@@ -20,52 +22,60 @@ import click
 from .. import config as config_mod
 from ..config import CORE_POLICIES
 from ..errors import HamiError
-from ..lifecycle import allocator, resize, store
+from ..lifecycle import allocator, container_files, resize, store
 
 MIB = 1 << 20
 
 
-def apply_priority(state, name: str, entry: dict, priority: int, region) -> None:
+def apply_priority(state, name: str, entry: dict, priority: int, limits) -> None:
     """The one place a priority change goes through: the record now; once it is
     committed, the host's priority board (what libvgpu follows: one link or
-    unlink per GPU) and the region's priority field (what views show)."""
+    unlink per GPU) and the limits' priority field (what views show)."""
     from ..lifecycle import priority_board
     entry["priority"] = priority
     uuids = [d["uuid"] for d in entry["devices"]]
     state.after_commit.append(lambda: priority_board.set_priority(state.state_dir, name, uuids, priority))
-    state.after_commit.append(lambda: region.update_live(priority=priority))
+    state.after_commit.append(lambda: limits.update_live(priority=priority))
 
 
-def _used_now(reg, position: int) -> int:
-    """Bytes the container's processes hold on the region's device `position`:
+def _used_now(state_dir: str, name: str, entry: dict) -> dict[str, int]:
+    """Bytes the container's processes hold per GPU UUID, as its region says:
     every held slot except those the host knows to be gone (libvgpu reclaims
-    those at its next charge)."""
-    return sum(p.devices[position].mem_used for p in reg.processes() if p.alive() is not False)
-
-
-def _open_region(state_dir: str, name: str, entry: dict):
+    those at its next charge). A region that cannot be read (replaced or removed
+    from inside) holds nothing the host can believe: 0, so a shrink goes
+    through, and the container's own accounting is its own business."""
     from ..node import region
-    path = os.path.join(store.container_dir(state_dir, name), region.REGION_FILE_NAME)
+    uuids = [d["uuid"] for d in entry["devices"]]
     try:
-        reg = region.Region(path, writable=True)
-    except region.RegionError as exc:
-        raise HamiError("container", entry["id"], f"its region cannot be used ({exc}); "
+        with container_files.open_region(state_dir, name) as reg:
+            procs = [p for p in reg.processes(len(uuids)) if p.alive() is not False]
+    except (region.RegionError, HamiError, OSError):
+        return dict.fromkeys(uuids, 0)
+    return {uuid: sum(p.devices[i].mem_used for p in procs) for i, uuid in enumerate(uuids)}
+
+
+def _open_limits(state_dir: str, name: str, entry: dict):
+    from ..node import region
+    try:
+        limits = container_files.open_limits(state_dir, name, writable=True)
+    except (region.RegionError, HamiError, OSError) as exc:
+        raise HamiError("container", entry["id"], f"its limits cannot be used ({exc}); "
                         "a create still in flight? try again") from None
-    have = [d.uuid for d in reg.devices]
+    have = [d.uuid for d in limits.devices]
     if have != [d["uuid"] for d in entry["devices"]]:
-        reg.close()
-        raise HamiError("container", entry["id"], f"its region names GPUs {have}, its record "
+        limits.close()
+        raise HamiError("container", entry["id"], f"its limits name GPUs {have}, its record "
                         f"{[d['uuid'] for d in entry['devices']]}: run hamictl doctor")
-    return reg
+    return limits
 
 
-def _write_live(state_dir: str, name: str, reg, after: dict) -> None:
-    """After the commit: the region (every size and the policy, as the record now
+def _write_live(state_dir: str, name: str, limits, after: dict) -> None:
+    """After the commit: the limits (every size and the policy, as the record now
     says: a field written with the value it holds is left as it was), then the
     host-only copy a rebuild reads."""
-    reg.update_live(mem_limits={i: d["mem_mib"] * MIB for i, d in enumerate(after["devices"])},
-                    sm_limits={i: d["cores"] for i, d in enumerate(after["devices"])},
-                    core_policy=after["core_policy"])
+    limits.update_live(mem_limits={i: d["mem_mib"] * MIB for i, d in enumerate(after["devices"])},
+                       sm_limits={i: d["cores"] for i, d in enumerate(after["devices"])},
+                       core_policy=after["core_policy"])
     private = store.private_dir(state_dir, name)
     if os.path.isdir(private) and not os.path.islink(private):
         from ..files import atomic_write
@@ -87,27 +97,27 @@ def update(cfg, cid: str, change: resize.Change, runc_root: str | None = None,
         raise HamiError("--root", runc_root, "must be an absolute path")
     if not os.path.isdir(cfg.state_dir):
         raise HamiError("container", cid, "has no GPU allocation on this node")
-    reg = None
+    limits = None
     try:
         with store.transaction(cfg.state_dir) as state:
             wanted = store.alloc_name(runc_root, cid) if runc_root is not None else None
             name = resize.find(state.allocations, cid, wanted, state.invalid)
             before = state.allocations[name]
-            reg = _open_region(cfg.state_dir, name, before)
-            used = {d["uuid"]: _used_now(reg, i) for i, d in enumerate(before["devices"])}
+            limits = _open_limits(cfg.state_dir, name, before)
+            used = _used_now(cfg.state_dir, name, before)
             others = [e for n, e in state.allocations.items() if n != name]
             blocked = allocator.blocked(state.invalid, state.allocations.values(), gpus, caps)
             after = resize.resize(before, change, caps, others, used, blocked)
             # the priority changes only through apply_priority
             after["priority"] = before["priority"]
             if change.priority is not None:
-                apply_priority(state, name, after, change.priority, reg)
+                apply_priority(state, name, after, change.priority, limits)
             after["updated_at"] = time.time()
             state.allocations[name] = after
-            state.after_commit.insert(0, lambda: _write_live(cfg.state_dir, name, reg, after))
+            state.after_commit.insert(0, lambda: _write_live(cfg.state_dir, name, limits, after))
     finally:
-        if reg is not None:
-            reg.close()
+        if limits is not None:
+            limits.close()
     return name, before, after, used
 
 

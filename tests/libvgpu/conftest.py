@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BUILD, LIBVGPU, ROOT, SIM_LIB
+from tests.conftest import BUILD, LIBVGPU, ROOT, SIM_LIB, runtime_made
 
 PROBE = BUILD / "tests" / "vgpu_probe"
 MIB = 1 << 20
@@ -30,6 +30,8 @@ class Probe:
     def __init__(self, tmp_path: Path):
         self.tmp = tmp_path
         self.region = tmp_path / "vgpu.region"
+        self.limits = tmp_path / "limits"
+        self.prefix = []  # runtime_files(): run as a runtime-made container's process
         self.base_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LD_LIBRARY_PATH": str(SIM_LIB),
@@ -45,8 +47,22 @@ class Probe:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
+    def runtime_files(self, devices, core_policy="default", priority=1, board=None):
+        """Limits and a region made as the runtime makes them; from now on the probe
+        runs as a process of a runtime-made container finds them (their fixed paths,
+        in a mount namespace of its own), so the env's limits no longer count.
+        Returns the writable limits, as hamictl update changes them."""
+        from hami_runtime.node import region
+        region.create_limits(self.limits, devices, core_policy, priority)
+        region.create_region(self.region)
+        self.prefix = runtime_made(self.limits, self.tmp, board)
+        return region.open_limits(self.limits, writable=True)
+
+    def uuids(self):
+        return self.run("link", "uuids", preload=False).stdout.split()
+
     def run(self, *args, preload=True, shared=False, timeout=30, check=True, **extra):
-        proc = subprocess.run([str(PROBE), *map(str, args)], env=self.env(preload, shared, **extra),
+        proc = subprocess.run(self.prefix + [str(PROBE), *map(str, args)], env=self.env(preload, shared, **extra),
                               capture_output=True, text=True, timeout=timeout)
         if proc.returncode == SKIP_EXIT:
             pytest.skip(f"simulated driver: {proc.stdout.strip()}")
@@ -57,7 +73,8 @@ class Probe:
 
     def start(self, *args, preload=True, shared=True, **extra):
         """A background probe; `hold` lets go when its stdin is closed (`release`)."""
-        return subprocess.Popen([str(PROBE), *map(str, args)], env=self.env(preload, shared, **extra),
+        return subprocess.Popen(self.prefix + [str(PROBE), *map(str, args)],
+                                env=self.env(preload, shared, **extra),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 

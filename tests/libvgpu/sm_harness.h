@@ -1,9 +1,9 @@
 /*
  * Stand-ins for what libvgpu gives the SM limiter, so that sm_limiter.c can
  * be linked into sm_load and driven directly: the driver's symbols (dlsym on
- * the libcuda the program links), a region file mapped from
- * CUDA_DEVICE_MEMORY_SHARED_CACHE (filled from CUDA_DEVICE_SM_LIMIT and
- * GPU_CORE_UTILIZATION_POLICY by the first process), and a slot in it.
+ * the libcuda the program links), limits from CUDA_DEVICE_SM_LIMIT and
+ * GPU_CORE_UTILIZATION_POLICY, a region file mapped from
+ * CUDA_DEVICE_MEMORY_SHARED_CACHE, and a slot in it.
  */
 #ifndef SM_HARNESS_H
 #define SM_HARNESS_H
@@ -42,6 +42,23 @@ void *hami_driver_symbol(const char *name)
 
 static struct hami_region *harness_region;
 static struct hami_proc_slot *harness_slot;
+static struct hami_limits harness_limits;
+
+const struct hami_limits *hami_limits_get(void)
+{
+    struct hami_limits *l = &harness_limits;
+    if (l->magic)
+        return l;
+    const char *sm = getenv("CUDA_DEVICE_SM_LIMIT"), *policy = getenv("GPU_CORE_UTILIZATION_POLICY");
+    l->device_count = HAMI_MAX_DEVICES;
+    for (int i = 0; i < HAMI_MAX_DEVICES; i++)
+        l->devices[i].sm_limit = sm ? (uint32_t)atoi(sm) : 0;
+    l->core_policy = !policy ? HAMI_POLICY_DEFAULT
+                     : !strcmp(policy, "force") ? HAMI_POLICY_FORCE
+                     : !strcmp(policy, "disable") ? HAMI_POLICY_DISABLE : HAMI_POLICY_DEFAULT;
+    l->magic = HAMI_LIMITS_MAGIC;
+    return l;
+}
 
 struct hami_region *hami_region_get(void)
 {
@@ -57,13 +74,6 @@ struct hami_region *hami_region_get(void)
     if (r == MAP_FAILED)
         die("region mmap", CUDA_ERROR_OPERATING_SYSTEM);
     if (r->magic != HAMI_REGION_MAGIC) {
-        const char *sm = getenv("CUDA_DEVICE_SM_LIMIT"), *policy = getenv("GPU_CORE_UTILIZATION_POLICY");
-        r->device_count = HAMI_MAX_DEVICES;
-        for (int i = 0; i < HAMI_MAX_DEVICES; i++)
-            r->devices[i].sm_limit = sm ? (uint32_t)atoi(sm) : 0;
-        r->core_policy = !policy ? HAMI_POLICY_DEFAULT
-                         : !strcmp(policy, "force") ? HAMI_POLICY_FORCE
-                         : !strcmp(policy, "disable") ? HAMI_POLICY_DISABLE : HAMI_POLICY_DEFAULT;
         r->version = HAMI_REGION_VERSION;
         r->magic = HAMI_REGION_MAGIC;
         r->state = HAMI_REGION_READY;

@@ -61,8 +61,8 @@ def env(probe):
 
 def used_views(probe):
     """Device 0's used bytes as pynvml sees it, and as nvidia-smi prints it (MiB)."""
-    (_, used, *_), _ = pynvml_view(probe)
-    out = subprocess.run([str(SIM / "bin" / "nvidia-smi")], env=probe.env(shared=True),
+    (_, used, *_), _ = pynvml_view(probe, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
+    out = subprocess.run([str(SIM / "bin" / "nvidia-smi")], env=env(probe),
                          capture_output=True, text=True, timeout=30, check=True).stdout
     gpu0 = next(line for line in out.splitlines() if "|   0  " in line)
     smi = re.search(r"\|\s+(\d+)/1024\s", gpu0)

@@ -100,7 +100,7 @@ def test_low_waits_while_high_works_and_resumes_after(board):
     high_share = 100.0 * high_result["completed"] / max(rate(ref["per_tenth"], 2.0, 3.5) * 15, 1)
     assert high_share >= 70, f"the high one got {high_share:.0f}% next to the low one"
     with region.open(low.region) as r:
-        paused_s = r._region().sm[0].paused_ns / 1e9
+        paused_s = r._struct().sm[0].paused_ns / 1e9
     assert 0.5 <= paused_s <= 5.0, f"paused_ns says {paused_s:.2f} s"
 
 
@@ -139,7 +139,7 @@ def test_an_unlinked_stamp_pauses_nobody(board):
     share_v = 100.0 * rv["completed"] / ref["completed"]
     assert share_v >= 25, f"the neighbour got {share_v:.0f}%: an unlinked stamp paused it"
     with region.open(victim.region) as r:
-        assert r._region().sm[0].paused_ns == 0
+        assert r._struct().sm[0].paused_ns == 0
 
 
 @pytest.mark.timeout(120)
@@ -161,7 +161,7 @@ def test_a_kernel_longer_than_the_idle_time_keeps_low_work_out(board):
     result, high_result = sm_load.finish(low_proc, 4.0), sm_load.finish(high_proc, 0.1)
     assert high_result["launched"] == 1, high_result
     with region.open(low.region) as r:
-        paused_s = r._region().sm[0].paused_ns / 1e9
+        paused_s = r._struct().sm[0].paused_ns / 1e9
     series = " ".join(map(str, result["per_tenth"]))
     assert 1.0 <= paused_s <= 3.0, f"paused {paused_s:.2f} s through a 1.5 s kernel: {series}"
     assert rate(result["per_tenth"], 3.3, 4.0) >= 5, f"did not go on after it: {series}"

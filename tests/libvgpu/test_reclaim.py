@@ -15,11 +15,10 @@ def owner(pid, start):
 def leave_slot(probe, slot, owner_value, token, used):
     from hami_runtime.node import region
 
-    uuids = probe.run("link", "uuids", preload=False).stdout.split()
     if not probe.region.exists():
-        region.create(probe.region, [region.DeviceLimit(u, LIMIT, 0) for u in uuids])
+        probe.runtime_files([region.DeviceLimit(u, LIMIT, 0) for u in probe.uuids()]).close()
     with region.open(probe.region, writable=True) as r:
-        c = r._region()
+        c = r._struct()
         c.procs[slot].owner = owner_value
         c.procs[slot].pid = owner_value >> 32 if owner_value != 2**64 - 1 else 0
         c.procs[slot].started_ns = token
@@ -47,7 +46,7 @@ def test_left_behind_usage_is_reclaimed(probe, case):
     result = probe.run("link", "alloc", "mem", 256 * MIB, shared=True)
     assert result.fields["rc"] == 0, result.stdout
     with region.open(probe.region) as r:
-        slot = r._region().procs[3]
+        slot = r._struct().procs[3]
         assert (slot.owner, slot.started_ns, slot.mem_used[0]) == (0, 0, 0)
 
 
@@ -63,4 +62,4 @@ def test_live_process_is_never_reclaimed(probe):
     result = probe.run("link", "alloc", "mem", 256 * MIB, shared=True, check=False)
     assert "rc=2" in result.stdout  # the context or the allocation is refused
     with region.open(probe.region) as r:
-        assert r._region().procs[3].mem_used[0] == LIMIT - 64 * MIB
+        assert r._struct().procs[3].mem_used[0] == LIMIT - 64 * MIB

@@ -1,7 +1,7 @@
-"""Live resize through the real libvgpu.so: a running process under LD_PRELOAD,
-with a runtime-made region, follows limits changed in the region (as hamictl
-update changes them, Region.update_live) at its next allocation, view or
-launch, with no restart and no signal."""
+"""Live resize through the real libvgpu.so: a running process of a runtime-made
+container (its limits file read-only at the runtime's path) follows limits
+changed in that file (as hamictl update changes them, Limits.update_live) at its
+next allocation, view or launch, with no restart and no signal."""
 import subprocess
 
 import pytest
@@ -21,7 +21,7 @@ class Running:
     def __init__(self, probe):
         if not RESIZE_PROBE.exists():
             subprocess.run(["make", "-s", "-C", str(ROOT), "libvgpu-tests"], check=True, timeout=300)
-        self.proc = subprocess.Popen([str(RESIZE_PROBE)], env=probe.env(shared=True),
+        self.proc = subprocess.Popen(probe.prefix + [str(RESIZE_PROBE)], env=probe.env(),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout.readline().strip() == "ready"
@@ -44,25 +44,26 @@ class Running:
 
 @pytest.fixture
 def running(probe):
-    """A region made as the runtime makes it (1024 MiB, no SM share, `force`), and the process."""
-    uuids = probe.run("link", "uuids", preload=False).stdout.split()
-    region.create(probe.region, [region.DeviceLimit(uuids[0], 1024 * MIB, 0)], "force", 1)
+    """Limits made as the runtime makes them (1024 MiB, no SM share, `force`), the
+    process, and the limits (writable) with the region (to read usage)."""
+    limits = probe.runtime_files([region.DeviceLimit(probe.uuids()[0], 1024 * MIB, 0)], "force", 1)
     proc = Running(probe)
-    yield proc, region.Region(probe.region, writable=True)
+    with limits, region.open(probe.region) as reg:
+        yield proc, limits, reg
     proc.close()
 
 
 def test_memory_grow_then_forced_shrink(running, probe):
-    proc, reg = running
+    proc, limits, reg = running
     assert proc.ask("info")["total"] == 1024 * MIB
     assert proc.ask("alloc 600")["rc"] == 0
     assert proc.ask("alloc 600")["rc"] == 2          # CUDA_ERROR_OUT_OF_MEMORY: past 1024 MiB
-    reg.update_live(mem_limits={0: 2048 * MIB})     # grown: the next allocation fits
+    limits.update_live(mem_limits={0: 2048 * MIB})  # grown: the next allocation fits
     assert proc.ask("info")["total"] == 2048 * MIB
     assert proc.ask("alloc 600")["rc"] == 0
     used = reg.used_bytes(0)
     assert used >= 1200 * MIB
-    reg.update_live(mem_limits={0: 512 * MIB})      # forced below use: nothing is freed
+    limits.update_live(mem_limits={0: 512 * MIB})   # forced below use: nothing is freed
     info = proc.ask("info")
     assert (info["total"], info["free"]) == (512 * MIB, 0)   # free clamps, never underflows
     (total, used_view, free, *_), _ = pynvml_view(probe)    # NVML, from another process
@@ -79,13 +80,13 @@ def test_sm_share_set_and_lifted_while_running(running):
     """Direction only: a share that starts to apply while the process runs (here
     by the policy going from `disable` to `force`, after launches found the
     device unlimited) slows the next launches; lifting it lets them run free."""
-    proc, reg = running
-    reg.update_live(sm_limits={0: 20}, core_policy="disable")
+    proc, limits, _ = running
+    limits.update_live(sm_limits={0: 20}, core_policy="disable")
     free_run = proc.ask("spin 20 10000")["seconds"]      # 20 x 10 ms, not held
-    reg.update_live(core_policy="force")
+    limits.update_live(core_policy="force")
     held = proc.ask("spin 20 10000")["seconds"]          # 200 ms of work at 20 %
     assert held > 2 * free_run and held > 0.4, (free_run, held)
-    reg.update_live(sm_limits={0: 100})
+    limits.update_live(sm_limits={0: 100})
     assert proc.ask("spin 20 10000")["seconds"] < held / 2
-    reg.update_live(sm_limits={0: 20})
+    limits.update_live(sm_limits={0: 20})
     assert proc.ask("spin 20 10000")["seconds"] > 0.4

@@ -61,13 +61,15 @@ def test_memory_of_a_process_killed_while_allocating_comes_back(probe):
     assert time.monotonic() - start < 10
 
 
-def test_region_is_created_once_and_keeps_the_creators_limits(probe):
+def test_bare_processes_share_usage_each_under_its_own_env_limit(probe):
+    """Bare use: the region holds usage only; no process's env decides another's
+    limit (the first process's env decided everyone's in HAMi-core)."""
     holder = probe.start("link", "hold", "mem", HOLD, 60, CUDA_DEVICE_MEMORY_LIMIT="1g")
     try:
         assert wait_line(holder, "held") == "held rc=0\n"
-        # a later process's env does not change the region's limit
         info = probe.run("link", "info", shared=True, CUDA_DEVICE_MEMORY_LIMIT="4g").fields
-        assert info["total"] == 1024 * MIB
+        assert info["total"] == 4096 * MIB
+        assert info["free"] <= 4096 * MIB - HOLD  # the holder's usage counts against it
     finally:
         release(holder)
 
@@ -132,25 +134,22 @@ def test_region_made_by_a_bare_process_is_read_by_the_runtime(probe):
         assert wait_line(holder, "held") == "held rc=0\n"
         with region.open(probe.region) as r:
             assert r.state == "ready"
-            assert r.devices[0].mem_limit_bytes == 1024 * MIB
-            mine = [p for p in r.processes() if p.pid == holder.pid]
+            mine = [p for p in r.processes(1) if p.pid == holder.pid]
             assert len(mine) == 1 and mine[0].devices[0].mem_used >= HOLD
             assert mine[0].devices[0].ctx_used > 0
     finally:
         release(holder)
 
 
-def test_region_from_the_runtime_maps_devices_by_uuid(probe):
+def test_limits_from_the_runtime_map_devices_by_uuid(probe):
     from hami_runtime.node import region
 
-    uuids = probe.run("link", "uuids", preload=False).stdout.split()
-    # listed in reverse: region index 0 is CUDA device 1
-    region.create(probe.region, [region.DeviceLimit(uuids[1], 512 * MIB, 0),
-                                 region.DeviceLimit(uuids[0], 1024 * MIB, 0)])
+    uuids = probe.uuids()
+    # listed in reverse: index 0 is CUDA device 1
+    probe.runtime_files([region.DeviceLimit(uuids[1], 512 * MIB, 0),
+                         region.DeviceLimit(uuids[0], 1024 * MIB, 0)]).close()
     info = probe.run("link", "info", shared=True, CUDA_DEVICE_MEMORY_LIMIT="8g").fields
-    assert info["total"] == 1024 * MIB
-    with region.open(probe.region) as r:
-        assert r.state == "ready"
+    assert info["total"] == 1024 * MIB  # and the env's limit counts for nothing
 
 
 def test_process_without_cuda_leaves_no_trace(probe):
@@ -166,8 +165,7 @@ def test_a_stopped_lock_holder_blocks_nobody(probe):
 
     from hami_runtime.node import region
 
-    uuids = probe.run("link", "uuids", preload=False).stdout.split()
-    region.create(probe.region, [region.DeviceLimit(u, 1024 * MIB, 0) for u in uuids])
+    probe.runtime_files([region.DeviceLimit(u, 1024 * MIB, 0) for u in probe.uuids()]).close()
     with open(probe.region, "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as a process stopped inside context creation
         start = time.monotonic()

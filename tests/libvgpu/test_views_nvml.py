@@ -25,7 +25,7 @@ PYNVML = textwrap.dedent("""
 
 
 def pynvml_view(probe, **env):
-    out = subprocess.run([sys.executable, "-c", PYNVML], env=probe.env(shared=True, **env),
+    out = subprocess.run(probe.prefix + [sys.executable, "-c", PYNVML], env=probe.env(shared=True, **env),
                          capture_output=True, text=True, timeout=30, check=True).stdout.split()
     return [int(x) for x in out[:6]], [int(p) for p in out[6].split(",")] if len(out) > 6 else []
 
@@ -35,7 +35,7 @@ def test_pynvml_sees_the_limit_and_the_containers_usage(probe):
     holder = probe.start("link", "hold", "mem", HOLD, 60, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
     try:
         assert wait_line(holder, "held") == "held rc=0\n"
-        (total, used, free, total2, used2, free2), _ = pynvml_view(probe)
+        (total, used, free, total2, used2, free2), _ = pynvml_view(probe, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
         assert (total, used, free) == (LIMIT, ctx + HOLD, LIMIT - ctx - HOLD)
         assert (total2, used2, free2) == (total, used, free)
     finally:
@@ -53,8 +53,7 @@ def test_pynvml_unchanged_without_limit(probe):
 def test_running_processes_are_the_containers_own(probe):
     from hami_runtime.node import region
 
-    uuids = probe.run("link", "uuids", preload=False).stdout.split()
-    region.create(probe.region, [region.DeviceLimit(u, LIMIT, 0) for u in uuids])
+    probe.runtime_files([region.DeviceLimit(u, LIMIT, 0) for u in probe.uuids()]).close()
     ours = probe.start("link", "hold", "mem", HOLD, 60)
     theirs = probe.start("link", "hold", "mem", HOLD, 60, preload=False, shared=False)
     try:
@@ -71,7 +70,8 @@ def test_nvidia_smi_shows_the_limit(probe):
     holder = probe.start("link", "hold", "mem", HOLD, 60, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
     try:
         assert wait_line(holder, "held") == "held rc=0\n"
-        out = subprocess.run([str(SIM / "bin" / "nvidia-smi")], env=probe.env(shared=True),
+        out = subprocess.run([str(SIM / "bin" / "nvidia-smi")],
+                             env=probe.env(shared=True, CUDA_DEVICE_MEMORY_LIMIT=LIMIT),
                              capture_output=True, text=True, timeout=30, check=True).stdout
         gpu0 = next(line for line in out.splitlines() if "|   0  " in line)
         # The Memory MiB column is used/total: the total is the limit, not the card.
@@ -86,16 +86,15 @@ def test_usage_above_the_limit_never_underflows(probe):
 
     from hami_runtime.node import region
 
-    uuids = probe.run("link", "uuids", preload=False).stdout.split()
-    region.create(probe.region, [region.DeviceLimit(u, LIMIT, 0) for u in uuids])
+    probe.runtime_files([region.DeviceLimit(u, LIMIT, 0) for u in probe.uuids()]).close()
     with open(f"/proc/{os.getpid()}/stat") as f:
         start = int(f.read().rsplit(")", 1)[1].split()[19])
     with region.open(probe.region, writable=True) as r:
-        slot = r._region().procs[0]
+        slot = r._struct().procs[0]
         slot.owner = (os.getpid() << 32) | (start & 0xFFFFFFFF)  # alive: never reclaimed
         slot.pid = os.getpid()
         slot.mem_used[0] = 2 * LIMIT
-        r._region().procs_high = 1
+        r._struct().procs_high = 1
     (total, used, free, total2, used2, free2), _ = pynvml_view(probe)
     assert (total, used, free) == (LIMIT, LIMIT, 0)
     assert (total2, used2, free2) == (LIMIT, LIMIT, 0)

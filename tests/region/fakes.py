@@ -1,8 +1,18 @@
-"""Writes region counters as libvgpu would, for tests that read them back."""
+"""Writes region counters as libvgpu would, for tests that read them back; makes a
+container's files as the runtime does; scrapes the metrics without a server."""
 import mmap
 from contextlib import contextmanager
 
+from hami_runtime.lifecycle import container_files, store
 from hami_runtime.node import region
+
+
+def make_container(state_dir, name, devices, core_policy="default", priority=1,
+                   priority_idle_ms=region.PRIORITY_IDLE_MS_DEFAULT):
+    """A GPU container's dirs, limits and region, as a create makes them; the region's path."""
+    store.make_dirs(str(state_dir), name)
+    container_files.make(str(state_dir), name, devices, core_policy, priority, priority_idle_ms)
+    return state_dir / "containers" / name / region.REGION_FILE_NAME
 
 
 @contextmanager
@@ -38,9 +48,13 @@ def add_busy(path, device, ns, slot=None):
             c.procs[slot].sm_busy_ns[device] += ns
 
 
-def patch_field(path, name, value):
-    with mapped(path) as c:
-        setattr(c, name, value)
+def patch_field(path, name, value, ctype="struct hami_region *"):
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        c = region.ffi.from_buffer(ctype, m)
+        try:
+            setattr(c, name, value)
+        finally:
+            region.ffi.release(c)
 
 
 def add_sm(path, device, busy_ns=0, throttled_ns=0, paused_ns=0):
@@ -49,3 +63,13 @@ def add_sm(path, device, busy_ns=0, throttled_ns=0, paused_ns=0):
         c.sm[device].busy_ns += busy_ns
         c.sm[device].throttled_ns += throttled_ns
         c.sm[device].paused_ns += paused_ns
+
+
+def collect(state_dir):
+    """One scrape's text, without a server."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hami_runtime.tools import metrics
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics.RegionCollector(str(state_dir)))
+    return generate_latest(registry).decode()

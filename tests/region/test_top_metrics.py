@@ -16,7 +16,7 @@ from hami_runtime.tools import metrics, top
 from hami_runtime.node import region
 from hami_runtime.node.region import DeviceLimit
 from tests.conftest import ROOT
-from tests.region.fakes import add_busy, add_sm, fake_process
+from tests.region.fakes import add_busy, add_sm, collect, fake_process, make_container
 
 MiB = 1024 * 1024
 CID_A = "a" * 64
@@ -36,12 +36,6 @@ def gone_pid():
     child = subprocess.Popen(["true"])
     child.wait(timeout=10)
     return child.pid
-
-
-def make_container(state_dir, name, devices, **limits):
-    d = state_dir / "containers" / name
-    d.mkdir(parents=True)
-    return region.create(d / region.REGION_FILE_NAME, devices, **limits)
 
 
 def write_state(state_dir, roots):
@@ -254,8 +248,6 @@ def test_one_id_in_two_runc_roots_is_two_containers(state_dir):
     (NAME_A, None, root_key(ROOT_K8S)),                                  # no state file
     (NAME_A, {NAME_A: "/run/elsewhere"}, root_key(ROOT_K8S)),            # a root that is not its key's
     (NAME_A, {NAME_A: "relative/root"}, root_key(ROOT_K8S)),
-    ("c1", {}, "-"),                                                     # a dir not named <id>@<key>
-    ("c1@not-a-key", {}, "-"),
 ])
 def test_root_column(tmp_path, name, state, shown):
     make_container(tmp_path, name, [DeviceLimit("GPU-a", 0, 0)])
@@ -276,7 +268,8 @@ def test_unreadable_region_is_shown_not_fatal(state_dir):
     os.truncate(path, 10)
     result = CliRunner().invoke(top.top_command, ["--state-dir", str(state_dir), "--interval", "0"])
     assert result.exit_code == 0
-    assert re.search(rf"^bbbbbbbbbbbb\s+{ROOT_MOBY}\s+-\s+-\s+region .*truncated", result.output, re.M)
+    assert re.search(rf"^bbbbbbbbbbbb\s+{ROOT_MOBY}\s+-\s+-\s+region .*10 bytes, expected", result.output,
+                     re.M)
     assert "aaaaaaaaaaaa" in result.output
 
 
@@ -288,14 +281,6 @@ def test_empty_state_dir(tmp_path):
 def scrape(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return response.read().decode()
-
-
-def collect(state_dir):
-    """One scrape's text, without a server."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(metrics.RegionCollector(str(state_dir)))
-    return generate_latest(registry).decode()
 
 
 def sample_value(text, name, **labels):
@@ -428,3 +413,40 @@ def test_watch_needs_an_interval(state_dir):
                                                   "--watch"])
     assert result.exit_code == 2
     assert "--interval" in result.output and "0.0 must be above 0 with --watch" in result.output
+
+
+def plant_link_to_neighbour(state_dir, path):
+    path.unlink()
+    path.symlink_to(region_of(state_dir, NAME_A))
+
+
+def plant_fifo(state_dir, path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+def plant_copy(state_dir, path):
+    copy = path.with_name("copy")
+    copy.write_bytes(path.read_bytes())
+    copy.replace(path)
+
+
+PLANTED = {
+    "link to a neighbour's": (plant_link_to_neighbour, "a symbolic link"),
+    "fifo": (plant_fifo, "not a regular file"),
+    "copy renamed over": (plant_copy, "replaced (not the file the runtime made)"),
+    "removed": (lambda state_dir, path: path.unlink(), "No such file"),
+}
+
+
+@pytest.mark.parametrize("plant,shown", PLANTED.values(), ids=PLANTED.keys())
+def test_what_a_container_plants_in_its_region_dir_is_its_own_error(state_dir, plant, shown):
+    """B's processes can write anything in its region dir: top and the metrics show
+    B's error, never follow it (nor block on it), and show A as it is."""
+    plant(state_dir, region_of(state_dir, NAME_B))
+    views = {c.id: c for c in top.read_all(str(state_dir))}
+    assert shown in views[CID_B].error and views[CID_B].devices == []
+    assert not views[CID_A].error and views[CID_A].devices[0].mem_used_bytes == 512 * MiB
+    text = collect(state_dir)
+    assert sample_value(text, "hami_container_region_readable", container=CID_B) == 0
+    assert sample_value(text, "hami_container_region_readable", container=CID_A) == 1

@@ -19,7 +19,8 @@ CUDA_ALLOC = BUILD / "runtime-tests" / "cuda_alloc"
 RUNTIME = [sys.executable, "-m", "hami_runtime"]
 LAUNCHER = BUILD / "hami-runtime"  # the C front (make build); falls back to RUNTIME
 HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl import main; sys.exit(main())"]
-APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink")
+APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink",
+           "dd", "rm", "mv", "ln", "cp", "truncate", "mount", "umount")
 TIMEOUT = 60
 
 

@@ -6,7 +6,12 @@
  * `cuda_alloc keep <MiB> <seconds>`: keeps allocating <MiB> at a time for that
  * long, holding all of it; a refusal is retried every 20 ms (a live resize lets
  * it get further). What it holds shows in the container's region.
+ *
+ * `cuda_alloc spin <count> <us>`: launches <count> kernels of <us> microseconds
+ * each (the simulated driver's test kernel `spin`), waits for them and prints
+ * "spin <seconds>": how long the work took under the container's SM share.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +40,25 @@ int main(int argc, char **argv)
         return 2;
     if (cuMemGetInfo_v2(&free_bytes, &total_bytes) == CUDA_SUCCESS)
         printf("total %zu\n", total_bytes >> 20);
+    if (argc == 4 && !strcmp(argv[1], "spin")) {
+        CUmodule mod;
+        CUfunction fn;
+        if (check("module", cuModuleLoadData(&mod, "test image")) ||
+            check("function", cuModuleGetFunction(&fn, mod, "spin")))
+            return 2;
+        uint64_t us = strtoull(argv[3], NULL, 10);
+        void *params[] = {&us};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int i = 0; i < atoi(argv[2]); i++)
+            if (check("launch", cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL)))
+                return 2;
+        if (check("sync", cuCtxSynchronize()))
+            return 2;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        printf("spin %.3f\n", (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+        return 0;
+    }
     if (argc == 4 && !strcmp(argv[1], "keep")) {
         size_t step = strtoull(argv[2], NULL, 10) << 20;
         time_t until = time(NULL) + atoi(argv[3]);

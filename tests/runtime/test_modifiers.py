@@ -106,3 +106,25 @@ def test_c_hook_is_not_doubled_and_brings_no_poststop():
     # a spec edited before without the C hook loses our Python poststop
     again = m.add_hooks(m.add_hooks(base(), INJ), inj)
     assert again == once
+
+
+def header_paths():
+    """The string #defines of libvgpu's region.h (a name may stand for its value)."""
+    import re
+    text = (Path(__file__).resolve().parents[2] / "libvgpu_src" / "region.h").read_text()
+    found = {}
+    for name, value in re.findall(r'^#define (HAMI_\w+) ((?:\w+ )?"[^"]*")$', text, re.M):
+        parts = value.split()
+        found[name] = "".join(found.get(p, p).strip('"') for p in parts)
+    return found
+
+
+def test_container_paths_are_libvgpus():
+    """Where the runtime mounts libvgpu's files is where libvgpu looks for them."""
+    paths = header_paths()
+    assert (paths["HAMI_LIMITS_PATH"], paths["HAMI_RUNTIME_REGION_DIR"], paths["HAMI_RUNTIME_BOARD_DIR"]) == \
+        (m.LIMITS_PATH, m.REGION_DIR, m.BOARD_DIR)
+    from hami_runtime.lifecycle import priority_board
+    from hami_runtime.node import region
+    assert paths["HAMI_RUNTIME_REGION_PATH"] == f"{m.REGION_DIR}/{region.REGION_FILE_NAME}"
+    assert paths["HAMI_RUNTIME_STAMP_DIR"] == f"{m.REGION_DIR}/{priority_board.STAMP_DIR}"

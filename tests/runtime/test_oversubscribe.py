@@ -1,10 +1,9 @@
 """Memory oversubscription: with memory_scaling > 1 a grant may pass the card, and the
-region tells libvgpu to spill what the card cannot hold to managed memory, unless the
+limits tell libvgpu to spill what the card cannot hold to managed memory, unless the
 container opts out (hami.io/oversubscribe: "false"). The simulated cards hold 16384 MiB."""
 import pytest
 
-from hami_runtime.lifecycle import store
-from hami_runtime.node import region
+from hami_runtime.lifecycle import container_files, store
 
 from .conftest import CUDA_ALLOC
 
@@ -15,9 +14,9 @@ def grant(node, cid, annotations, scaling):
     node.write_config(memory_scaling=scaling)
     proc = node.create(cid, node.bundle(cid, annotations))
     assert proc.returncode == 0, proc.stderr
-    path = region.region_path(store.container_dir(str(node.state_dir), store.alloc_name(str(node.runc_root), cid)))
-    with region.open(path) as r:
-        devices = r.devices
+    name = store.alloc_name(str(node.runc_root), cid)
+    with container_files.open_limits(str(node.state_dir), name) as limits:
+        devices = limits.devices
     return devices, node.allocations()[cid]
 
 

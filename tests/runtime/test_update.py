@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import store
+from hami_runtime.lifecycle import container_files, store
 from hami_runtime.node import region
 
 from .conftest import TIMEOUT
@@ -39,14 +39,14 @@ def seed(node, cid, devices, root=None, policy="default", priority=1):
              "core_policy": policy, "priority": priority, "pid": 0}
     with store.transaction(str(node.state_dir)) as state:
         state.allocations[name] = entry
-        container, _ = store.make_dirs(str(node.state_dir), name)
-    region.write_new(os.path.join(container, region.REGION_FILE_NAME),
-                     [region.DeviceLimit(u, m * MIB, c) for _, u, m, c in devices], policy, priority)
+        store.make_dirs(str(node.state_dir), name)
+    container_files.make(str(node.state_dir), name, [region.DeviceLimit(u, m * MIB, c) for _, u, m, c in devices],
+                         policy, priority, region.PRIORITY_IDLE_MS_DEFAULT)
     return name
 
 
-def region_of(node, name):
-    return region.Region(node.state_dir / "containers" / name / region.REGION_FILE_NAME)
+def limits_of(node, name):
+    return container_files.open_limits(str(node.state_dir), name)
 
 
 def use(node, name, device, mib):
@@ -62,19 +62,19 @@ def use(node, name, device, mib):
 
 
 def snapshot(node, name):
-    """The record and the region's limits, to compare before and after a refusal."""
-    with region_of(node, name) as reg:
-        live = (reg.devices, reg.core_policy, reg.priority)
+    """The record and the container's limits, to compare before and after a refusal."""
+    with limits_of(node, name) as limits:
+        live = (limits.devices, limits.core_policy, limits.priority)
     return json.loads((node.state_dir / "allocations.json").read_text())["allocations"], live
 
 
 def matches(node, name):
-    """The region holds exactly what the record says."""
+    """The limits hold exactly what the record says."""
     entry = json.loads((node.state_dir / "allocations.json").read_text())["allocations"][name]
-    with region_of(node, name) as reg:
-        assert [(d.uuid, d.mem_limit_bytes, d.sm_limit_pct) for d in reg.devices] == \
+    with limits_of(node, name) as limits:
+        assert [(d.uuid, d.mem_limit_bytes, d.sm_limit_pct) for d in limits.devices] == \
             [(d["uuid"], d["mem_mib"] * MIB, d["cores"]) for d in entry["devices"]]
-        assert (reg.core_policy, reg.priority) == (entry["core_policy"], entry["priority"])
+        assert (limits.core_policy, limits.priority) == (entry["core_policy"], entry["priority"])
     return entry
 
 
