@@ -4,6 +4,7 @@
  *
  *   libvgpu_bench calls N   prints alloc_ns free_ns launch_ns getinfo_ns per call
  *   libvgpu_bench init      prints init_ns: cuInit .. first allocation, in process
+ *   libvgpu_bench uuids     prints each device's UUID, one a line (for a limits file)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,12 +96,31 @@ static int bench_init(void)
     return 0;
 }
 
+static int bench_uuids(void)
+{
+    int count;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGetCount(&count));
+    for (int i = 0; i < count; i++) {
+        CUdevice dev;
+        CUuuid id;
+        CHECK(cuDeviceGet(&dev, i));
+        CHECK(cuDeviceGetUuid_v2(&id, dev));
+        const unsigned char *b = (const unsigned char *)id.bytes;
+        printf("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0], b[1],
+               b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[1], "calls"))
         return bench_calls(atol(argv[2]));
     if (argc >= 2 && !strcmp(argv[1], "init"))
         return bench_init();
-    fprintf(stderr, "usage: libvgpu_bench calls N | init\n");
+    if (argc >= 2 && !strcmp(argv[1], "uuids"))
+        return bench_uuids();
+    fprintf(stderr, "usage: libvgpu_bench calls N | init | uuids\n");
     return 2;
 }

@@ -5,7 +5,12 @@ cuMemGetInfo (median of interleaved runs), CUDA init time (cuInit .. first
 allocation, in process), and 100 processes starting at once (p50/p99 of each
 process's init, and of spawn-to-exit wall time). Prints markdown tables.
 
-    python bench/libvgpu_overhead.py [--calls N] [--repeats R] [--procs P]
+Setups, interleaved: the driver alone; libvgpu in bare use (limits from the env,
+a shared region file); libvgpu as in a runtime-made container (its limits file
+read-only at the runtime's path, scripts/runtime-made.sh: needs root); and, with
+--baseline, another build of libvgpu in bare use (e.g. the tree before a change).
+
+    python bench/libvgpu_overhead.py [--calls N] [--repeats R] [--procs P] [--baseline LIBVGPU]
 """
 import argparse
 import os
@@ -25,30 +30,52 @@ LIBVGPU = BUILD / "libvgpu.so"
 SIM_LIB = BUILD / "sim" / "lib"
 
 
-def env_for(tmp: Path, hooked: bool) -> dict:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH": str(SIM_LIB),
-           "HAMI_SIM_STATE": str(tmp / ("hooked.state" if hooked else "plain.state"))}
-    if hooked:
-        env.update(LD_PRELOAD=str(LIBVGPU), CUDA_DEVICE_MEMORY_LIMIT="8g",
-                   CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / "vgpu.region"))
-    return env
+RUNTIME_MADE = ROOT / "scripts" / "runtime-made.sh"
+MIB = 1 << 20
+
+
+class Setup:
+    """How the helper runs: its env and the argv in front of it."""
+
+    def __init__(self, label, tmp: Path, libvgpu=None, runtime_made=False):
+        self.label = label
+        work = tmp / label.replace(" ", "-").replace(",", "")
+        work.mkdir()
+        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH": str(SIM_LIB),
+                    "HAMI_SIM_STATE": str(work / "sim.state")}
+        self.prefix = []
+        if libvgpu:
+            self.env["LD_PRELOAD"] = str(libvgpu)
+        if libvgpu and runtime_made:
+            sys.path.insert(0, str(ROOT))
+            from hami_runtime.node import region
+            uuids = subprocess.run([str(HELPER), "uuids"], env=self.env, capture_output=True, text=True,
+                                   timeout=60, check=True).stdout.split()
+            region.create_limits(work / "limits", [region.DeviceLimit(u, 8192 * MIB, 0) for u in uuids])
+            region.create_region(work / "vgpu.region")
+            self.prefix = [str(RUNTIME_MADE), str(work / "limits"), str(work), "", "ro"]
+        elif libvgpu:
+            self.env.update(CUDA_DEVICE_MEMORY_LIMIT="8g", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / "vgpu.region"))
+
+    def argv(self, *args):
+        return self.prefix + [str(HELPER), *args]
 
 
 def fields(text: str) -> dict:
     return {k: float(v) for k, v in (t.split("=") for t in text.split() if "=" in t)}
 
 
-def run(args, env) -> dict:
-    out = subprocess.run([str(HELPER), *args], env=env, capture_output=True, text=True,
+def run(setup: Setup, *args) -> dict:
+    out = subprocess.run(setup.argv(*args), env=setup.env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     return fields(out)
 
 
-def burst(env, procs):
+def burst(setup: Setup, procs):
     """`procs` processes started at once: their in-process init and wall times (ms)."""
     started = []
     for _ in range(procs):
-        started.append((time.monotonic(), subprocess.Popen([str(HELPER), "init"], env=env,
+        started.append((time.monotonic(), subprocess.Popen(setup.argv("init"), env=setup.env,
                                                             stdout=subprocess.PIPE, text=True)))
     inits, walls = [], []
     for t0, proc in started:
@@ -65,41 +92,48 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--procs", type=int, default=100)
+    parser.add_argument("--baseline", type=Path, help="another libvgpu.so, measured in bare use beside this one")
     args = parser.parse_args()
     subprocess.run(["make", "-s", "-C", str(ROOT), "build", "sim", "libvgpu-bench"], check=True,
                    timeout=600)
     metrics = ["alloc_ns", "free_ns", "launch_ns", "getinfo_ns"]
     with tempfile.TemporaryDirectory(prefix="hami-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        plain_env, hooked_env = env_for(tmp, False), env_for(tmp, True)
-        samples = {True: {m: [] for m in metrics + ["init_ns"]},
-                   False: {m: [] for m in metrics + ["init_ns"]}}
+        setups = [Setup("driver alone", tmp)]
+        if args.baseline:
+            setups.append(Setup("baseline libvgpu, bare", tmp, args.baseline))
+        setups += [Setup("libvgpu, bare", tmp, LIBVGPU), Setup("libvgpu, runtime-made", tmp, LIBVGPU, True)]
+        samples = {s.label: {m: [] for m in metrics + ["init_ns"]} for s in setups}
         for _ in range(args.repeats):
-            for hooked in (False, True):
-                env = hooked_env if hooked else plain_env
-                for key, value in run(["calls", str(args.calls)], env).items():
-                    samples[hooked][key].append(value)
-                samples[hooked]["init_ns"].append(run(["init"], env)["init_ns"])
-        bursts = {hooked: burst(hooked_env if hooked else plain_env, args.procs)
-                  for hooked in (False, True)}
+            for setup in setups:
+                for key, value in run(setup, "calls", str(args.calls)).items():
+                    samples[setup.label][key].append(value)
+                samples[setup.label]["init_ns"].append(run(setup, "init")["init_ns"])
+        # the runtime-made setup's wrapper makes a mount namespace per process, which a
+        # container's processes do not pay: it has no burst row
+        bursts = {setup.label: burst(setup, args.procs) for setup in setups if not setup.prefix}
 
     names = {"alloc_ns": "cuMemAlloc_v2 (4 KiB)", "free_ns": "cuMemFree_v2",
              "launch_ns": "cuLaunchKernel (zero-length)", "getinfo_ns": "cuMemGetInfo_v2"}
-    print(f"Simulated driver, {args.calls} calls x {args.repeats} interleaved runs, median.\n")
-    print("| call | driver alone (ns) | with libvgpu (ns) | added (ns) | ratio |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for m in metrics:
-        a, b = statistics.median(samples[False][m]), statistics.median(samples[True][m])
-        print(f"| {names[m]} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.2f} |")
-    a = statistics.median(samples[False]["init_ns"]) / 1e6
-    b = statistics.median(samples[True]["init_ns"]) / 1e6
-    print(f"| CUDA init (cuInit .. first alloc, ms) | {a:.2f} | {b:.2f} | {b - a:+.2f} | {b / a:.2f} |")
+    labels = [s.label for s in setups]
+    print(f"Simulated driver, {args.calls} calls x {args.repeats} interleaved runs, median; "
+          f"in brackets, added to the driver alone.\n")
+    print("| call (ns) | " + " | ".join(labels) + " |")
+    print("| --- |" + " ---: |" * len(labels))
+    median = {label: {m: statistics.median(v) for m, v in samples[label].items()} for label in labels}
+    alone = median[labels[0]]
+    for m in metrics + ["init_ns"]:
+        scale, name = (1e6, "CUDA init (cuInit .. first alloc, ms)") if m == "init_ns" else (1, names[m])
+        cells = [f"{alone[m] / scale:.2f}" if scale > 1 else f"{alone[m]:.0f}"]
+        for label in labels[1:]:
+            value, added = median[label][m] / scale, (median[label][m] - alone[m]) / scale
+            cells.append(f"{value:.2f} ({added:+.2f})" if scale > 1 else f"{value:.0f} ({added:+.0f})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\n{args.procs} processes started at once (ms):\n")
     print("| | init p50 | init p99 | spawn-to-exit p50 | spawn-to-exit p99 |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for hooked in (False, True):
-        inits, walls = bursts[hooked]
-        label = "with libvgpu" if hooked else "driver alone"
+    for label in bursts:
+        inits, walls = bursts[label]
         print(f"| {label} | {percentile(inits, 50):.2f} | {percentile(inits, 99):.2f} | "
               f"{percentile(walls, 50):.1f} | {percentile(walls, 99):.1f} |")
     return 0

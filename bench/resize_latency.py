@@ -3,8 +3,9 @@
   .venv/bin/python bench/resize_latency.py [--iterations 50]
 
 One container is made by hami-runtime's create path on the simulated GPU; a
-process of it (tests/libvgpu/resize_probe under libvgpu, on the container's
-region) polls cuMemGetInfo in a tight loop. Each iteration resizes the
+process of it (tests/libvgpu/resize_probe under libvgpu, finding the container's
+limits and region where a runtime-made container does: scripts/runtime-made.sh,
+as root) polls cuMemGetInfo in a tight loop. Each iteration resizes the
 container between 1000 and 2000 MiB, either through the `hamictl update`
 command as an operator or a controller runs it, or through the same function
 called in-process, and records when the command started, when it returned and
@@ -42,13 +43,14 @@ def hold(config, root, bundle, cid, ready, done):
 
 
 class Probe:
-    def __init__(self, region_path, sim_state):
+    def __init__(self, state_dir, name, sim_state):
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                "LD_LIBRARY_PATH": str(ROOT / "build" / "sim" / "lib"),
                "LD_PRELOAD": str(ROOT / "build" / "libvgpu.so"),
-               "HAMI_SIM_STATE": str(sim_state),
-               "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(region_path)}
-        self.proc = subprocess.Popen([str(PROBE)], env=env, stdin=subprocess.PIPE,
+               "HAMI_SIM_STATE": str(sim_state)}
+        inside = [str(ROOT / "scripts" / "runtime-made.sh"), str(state_dir / "private" / name / "limits"),
+                  str(state_dir / "containers" / name), "", "ro"]
+        self.proc = subprocess.Popen(inside + [str(PROBE)], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout.readline().strip() == "ready"
 
@@ -111,7 +113,7 @@ def main() -> int:
         from hami_runtime.lifecycle import resize, store
         from hami_runtime.tools import update
         name = store.alloc_name(str(work / "runc"), "resized")
-        probe = Probe(work / "state" / "containers" / name / "vgpu.region", work / "sim.state")
+        probe = Probe(work / "state", name, work / "sim.state")
         cfg = config_mod.load(str(config))
 
         def by_command(size):
