@@ -3,16 +3,9 @@ SM_TEST_DIR := $(BUILD)/tests/sm
 SM_LOAD_DEPS := tests/libvgpu/sm_load.c libvgpu_src/cuda_api.h
 
 .PHONY: sm-tests
-sm-tests: $(SM_TEST_DIR)/sm_load $(SM_TEST_DIR)/sm_load_harness
+sm-tests: $(SM_TEST_DIR)/sm_load
 
 # Linked to the driver by name, as an application is; libvgpu comes in by LD_PRELOAD.
 $(SM_TEST_DIR)/sm_load: $(SM_LOAD_DEPS) | $(BUILD)/sim/lib/libcuda.so
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) -Ilibvgpu_src $< -o $@ -L$(BUILD)/sim/lib -lcuda -pthread
-
-# The limiter linked in directly, with stand-ins for the rest of libvgpu.
-$(SM_TEST_DIR)/sm_load_harness: $(SM_LOAD_DEPS) tests/libvgpu/sm_harness.h libvgpu_src/sm_limiter.c \
-		libvgpu_src/sm_limiter.h libvgpu_src/region.h | $(BUILD)/sim/lib/libcuda.so
-	@mkdir -p $(@D)
-	$(CC) $(BASE_CFLAGS) -DSM_HARNESS -Ilibvgpu_src -Itests/libvgpu $< libvgpu_src/sm_limiter.c \
-		-o $@ -L$(BUILD)/sim/lib -lcuda -ldl -lpthread

@@ -17,9 +17,7 @@
  * "ready_s": when launching began relative to the window, "per_second": [...],
  * "per_tenth": [...] (completions per 100 ms, for switching times)}.
  *
- * Built twice: linked to libcuda (libvgpu preloaded in front of it), and with
- * -DSM_HARNESS, where it calls the SM limiter directly (sm_harness.h) so the
- * limiter can be exercised on its own.
+ * Linked to libcuda, as an application is: libvgpu comes in by LD_PRELOAD.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -41,13 +39,6 @@ static void die(const char *what, CUresult r)
     exit(2);
 }
 #define CHECK(call) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) die(#call, r_); } while (0)
-
-#ifdef SM_HARNESS
-#include "sm_harness.h"
-#else
-#define HARNESS_BEFORE(stream)
-#define HARNESS_AFTER(stream, r)
-#endif
 
 static int64_t now_ns(void)
 {
@@ -108,7 +99,7 @@ static CUresult launch_one(CUstream stream, void **params)
 static void *launcher_run(void *arg)
 {
     struct launcher *me = arg;
-    int dev_index = cfg.dev_index, queue = cfg.queue;
+    int queue = cfg.queue;
     unsigned long long kernel_us = cfg.kernel_us;
     void *params[] = {&kernel_us};
     CUevent done[MAX_QUEUE];
@@ -139,10 +130,7 @@ static void *launcher_run(void *arg)
             break;
         }
         CUstream stream = cfg.streams[launched % cfg.nstreams];
-        HARNESS_BEFORE(stream);
         CUresult r = launch_one(stream, params);
-        HARNESS_AFTER(stream, r);
-        (void)dev_index;
         if (r != CUDA_SUCCESS)
             die("launch", r);
         CHECK(cuEventRecord(done[launched % queue], stream));
