@@ -11,7 +11,7 @@ SIM_HEADERS := $(SIM_SRC)/sim.h libvgpu_src/cuda_api.h libvgpu_src/nvml_api.h
 SIM_TEST_PROGS := $(patsubst $(SIM_SRC)/progs/%.c,$(SIM_OUT)/tests/%,$(wildcard $(SIM_SRC)/progs/*.c))
 
 sim: $(SIM_OUT)/lib/libcuda.so $(SIM_OUT)/lib/libnvidia-ml.so $(SIM_OUT)/bin/nvidia-smi \
-	$(SIM_OUT)/etc/ld.so.cache $(SIM_TEST_PROGS)
+	$(SIM_OUT)/bin/hami-sim-pids $(SIM_OUT)/etc/ld.so.cache $(SIM_TEST_PROGS)
 
 $(SIM_OUT)/obj/cuda/%.o: $(SIM_SRC)/%.c $(SIM_HEADERS)
 	@mkdir -p $(dir $@)
@@ -35,6 +35,11 @@ $(SIM_OUT)/lib/%.so: $(SIM_OUT)/lib/%.so.1
 $(SIM_OUT)/bin/nvidia-smi: $(SIM_SRC)/nvidia_smi.c libvgpu_src/nvml_api.h
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -fvisibility=hidden -Ilibvgpu_src -o $@ $< -ldl
+
+# The host-pid service processes in containers ask (sim_pid_service.c).
+$(SIM_OUT)/bin/hami-sim-pids: $(SIM_SRC)/sim_pid_service.c
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $<
 
 $(SIM_OUT)/etc/ld.so.cache: $(SIM_OUT)/lib/libcuda.so $(SIM_OUT)/lib/libnvidia-ml.so
 	@mkdir -p $(dir $@)

@@ -29,3 +29,28 @@ def runtime_made(limits, region_dir, board=None, limits_mount="ro"):
     finds libvgpu's files (scripts/runtime-made.sh; `limits_mount` "rw": the limits
     mounted writable, as no runtime mounts them). Needs root, as runc does."""
     return [str(RUNTIME_MADE), str(limits), str(region_dir), str(board or ""), limits_mount]
+
+
+class PidService:
+    """The simulated driver's host-pid service beside a state file in `directory`
+    (tests/simgpu/sim_pid_service.c), which processes in containers ask; it also
+    ends with the process that started it."""
+
+    def __init__(self, directory):
+        self.proc = subprocess.Popen([str(SIM / "bin" / "hami-sim-pids"), str(Path(directory) / "host-pids.sock")],
+                                     stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            self.stop()
+            raise AssertionError("hami-sim-pids did not start")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -21,7 +21,7 @@
 #define SIM_MAX_PROCS 1024
 #define SIM_RING 32768                   /* kernel intervals remembered per device */
 #define SIM_STATE_MAGIC 0x3154535f4d495348ULL
-#define SIM_STATE_VERSION 4
+#define SIM_STATE_VERSION 5
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
 #define SIM_HEARTBEAT_NS 1000000000ULL
@@ -64,6 +64,8 @@ struct sim_proc_slot {
     uint32_t pid;
     uint64_t start_time;                 /* /proc/<pid>/stat field 22 */
     uint64_t pidns;                      /* inode of /proc/<pid>/ns/pid */
+    uint32_t host_pid;                   /* the pid NVML reports: in the host's pid namespace */
+    uint32_t reserved;
     _Atomic uint64_t heartbeat_ns;
     _Atomic uint64_t verified_ns;        /* when a process of its namespace last read its /proc entry */
     _Atomic uint64_t used[SIM_MAX_DEVICES];       /* bytes of device memory */
@@ -74,7 +76,7 @@ struct sim_proc_slot {
 struct sim_interval {                    /* one kernel on a device's timeline */
     _Atomic uint64_t seq;                /* ring position + 1 once written, 0 while writing */
     uint64_t start_ns, end_ns;           /* CLOCK_MONOTONIC */
-    uint32_t pid, slot;
+    uint32_t pid, slot;                  /* pid: the host's, as NVML reports it */
 };
 
 struct sim_device_state {
@@ -109,7 +111,7 @@ void sim_context_count(int dev, int delta);
 /* Memory in use on a device by all live processes (dead ones are reclaimed first). */
 uint64_t sim_device_used(int dev);
 struct sim_proc_usage { uint32_t pid; uint64_t used; };
-/* Live processes with a context or memory on `dev`; returns how many there are (may exceed max). */
+/* Live processes with a context or memory on `dev`, by host pid; returns how many there are (may exceed max). */
 unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max);
 /* Books `dur_ns` on the device timeline (start = max(now, busy_until)); returns start. */
 uint64_t sim_book_kernel(int dev, uint64_t dur_ns);

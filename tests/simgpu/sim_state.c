@@ -15,28 +15,40 @@
  * - Kernels: a device's timeline is its busy_until time; a kernel is booked by CAS
  *   (start = max(now, busy_until)), so no two kernels overlap on one device, across
  *   processes. Booked intervals go to a ring that utilisation is computed from.
+ * - Pids: what NVML reports is each process's pid in the host's pid namespace, as a
+ *   real driver's (the kernel's) view is. A process in that namespace knows it; one
+ *   in another asks the pid service beside the state file (sim_pid_service.c),
+ *   which gets it from the kernel; with no service it is reported by its own pid
+ *   as its namespace sees it.
  */
 #include "sim.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+
+#define SIM_INIT_PIDNS 0xEFFFFFFCULL            /* the kernel's inode of the host's pid namespace */
+#define SIM_PID_SERVICE "host-pids.sock"         /* beside the state file */
 
 static struct sim_state *state;
 static int state_failed;
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int self_slot = -1;
-static uint32_t self_pid;
+static uint32_t self_pid, self_host_pid;
 static uint64_t self_start, self_pidns;
 static int heartbeat_started;
+static char state_path[4096];
 
 uint64_t sim_now_ns(void)
 {
@@ -169,6 +181,7 @@ static struct sim_state *open_state(void)
     const char *path = getenv("HAMI_SIM_STATE");
     if (!path || !*path)
         path = "/dev/shm/hami-sim.state";
+    snprintf(state_path, sizeof state_path, "%s", path);
     for (int attempt = 0; attempt < 3; attempt++) {
         int fd = open(path, O_RDWR | O_CLOEXEC);
         if (fd < 0 && errno == ENOENT) {
@@ -220,11 +233,49 @@ static struct sim_state *open_state(void)
     return NULL;
 }
 
+/* This process's pid in the host's pid namespace (see the header comment). */
+static uint32_t ask_host_pid(void)
+{
+    if (self_pidns == SIM_INIT_PIDNS)
+        return self_pid;
+    char dir[sizeof state_path];
+    snprintf(dir, sizeof dir, "%s", state_path);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int len = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%s", dirname(dir), SIM_PID_SERVICE);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    uint32_t pid = 0;
+    if (fd >= 0 && len < (int)sizeof addr.sun_path &&
+        connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
+        struct timeval wait = {1, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+        char line[32] = "";
+        ssize_t n = read(fd, line, sizeof line - 1);
+        if (n > 0) {
+            line[n] = '\0';
+            pid = (uint32_t)strtoul(line, NULL, 10);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return pid ? pid : self_pid;
+}
+
+static uint32_t host_pid(void)
+{
+    uint32_t pid = __atomic_load_n(&self_host_pid, __ATOMIC_ACQUIRE);
+    if (!pid) {
+        pid = ask_host_pid();
+        __atomic_store_n(&self_host_pid, pid, __ATOMIC_RELEASE);
+    }
+    return pid;
+}
+
 static void forget_self_in_child(void)
 {
     self_slot = -1;
     heartbeat_started = 0;
     self_pid = (uint32_t)getpid();
+    self_host_pid = 0;
 }
 
 struct sim_state *sim_state(void)
@@ -243,6 +294,7 @@ struct sim_state *sim_state(void)
             if (proc_stat(self_pid, &self_start, &letter) < 0)
                 self_start = 0;
             self_pidns = pidns_inode();
+            host_pid();
             pthread_atfork(NULL, NULL, forget_self_in_child);
             __atomic_store_n(&state, s, __ATOMIC_RELEASE);
         }
@@ -326,6 +378,8 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
             if (p->live)
                 continue;
             p->pid = self_pid;
+            /* asked when the state was opened (a forked child's not yet: never under the lock) */
+            p->host_pid = self_host_pid ? self_host_pid : self_pid;
             p->start_time = self_start;
             p->pidns = self_pidns;
             atomic_store(&p->heartbeat_ns, sim_now_ns());
@@ -490,7 +544,7 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
         if (!p->live || (used == 0 && atomic_load(&p->contexts[card]) == 0))
             continue;
         if (n < max)
-            out[n] = (struct sim_proc_usage){p->pid, used};
+            out[n] = (struct sim_proc_usage){p->host_pid, used};
         n++;
     }
     state_unlock(s);
@@ -512,7 +566,7 @@ uint64_t sim_book_kernel(int dev, uint64_t dur_ns)
     atomic_store(&e->seq, 0);
     e->start_ns = start;
     e->end_ns = start + dur_ns;
-    e->pid = self_pid;
+    e->pid = host_pid();
     e->slot = (uint32_t)self_slot;
     atomic_store(&e->seq, pos + 1);
     return start;
