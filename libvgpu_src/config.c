@@ -97,11 +97,12 @@ static const char *env_path(const char *name)
     return strdup(text);
 }
 
-/* The board and the own stamps (priority.h); the idle time in ms. */
-static void load_priority(struct hami_config *cfg)
+/* The boards and the own stamps (activity.h); the idle time in ms. */
+static void load_boards(struct hami_config *cfg)
 {
+    cfg->activity_board = env_path("CUDA_ACTIVITY_BOARD");
     cfg->priority_board = env_path("CUDA_PRIORITY_BOARD");
-    cfg->priority_stamp_dir = env_path("CUDA_PRIORITY_STAMP_DIR");
+    cfg->activity_stamp_dir = env_path("CUDA_ACTIVITY_STAMP_DIR");
     const char *idle = getenv("CUDA_PRIORITY_IDLE_MS");
     unsigned long ms;
     if (idle && *idle) {
@@ -122,8 +123,9 @@ static int load_runtime_made(struct hami_config *cfg)
         return 0;
     cfg->runtime_made = 1;
     cfg->region_path = HAMI_RUNTIME_REGION_PATH;
-    cfg->priority_board = HAMI_RUNTIME_BOARD_DIR;
-    cfg->priority_stamp_dir = HAMI_RUNTIME_STAMP_DIR;
+    cfg->activity_board = HAMI_RUNTIME_ACTIVITY_BOARD;
+    cfg->priority_board = HAMI_RUNTIME_PRIORITY_BOARD;
+    cfg->activity_stamp_dir = HAMI_RUNTIME_STAMP_DIR;
     return 1;
 }
 
@@ -177,7 +179,7 @@ void hami_config_load(void)
 
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     cfg->region_path = (path && *path) ? strdup(path) : NULL;
-    load_priority(cfg);
+    load_boards(cfg);
 }
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;

@@ -109,6 +109,11 @@ static const nvmlProcessInfo_t *find_pid(const struct snapshot *snap, unsigned i
 
 static unsigned int host_pid;   /* this process as the driver names it, once known */
 
+unsigned int hami_host_pid(void)
+{
+    return __atomic_load_n(&host_pid, __ATOMIC_RELAXED);
+}
+
 /* The context's size: this process's growth in the driver's per-process count
  * (found by pid, or as the one process that appeared); else the device's free
  * memory drop, which other containers' activity can blur. */
@@ -132,7 +137,7 @@ static uint64_t measured(const struct snapshot *before, const struct snapshot *a
         }
     }
     if (appeared_count == 1 && appeared->usedGpuMemory != NVML_VALUE_NOT_AVAILABLE_ULL) {
-        host_pid = appeared->pid;
+        __atomic_store_n(&host_pid, appeared->pid, __ATOMIC_RELAXED);
         struct hami_proc_slot *self = hami_slot_begin();
         if (self) {
             if (!__atomic_load_n(&self->host_pid, __ATOMIC_RELAXED))

@@ -1,11 +1,11 @@
-/* Launch hooks: each passes through priority (priority.h: a low-priority process
- * waits while high-priority work is active) and then the SM limiter
- * (sm_limiter.h) on the region index of the launching context's device.
- * Priority comes first: it may sleep, and the limiter holds a lock from its
- * before_launch to its after_launch. */
+/* Launch hooks: each passes through activity (activity.h: the process stamps its
+ * container's work; a low-priority process waits while high-priority work is
+ * active) and then the SM limiter (sm_limiter.h) on the region index of the
+ * launching context's device. Activity comes first: it may sleep, and the
+ * limiter holds a lock from its before_launch to its after_launch. */
 #include "internal.h"
 #include "hooks.h"
-#include "priority.h"
+#include "activity.h"
 #include "sm_limiter.h"
 
 /* The launching device's region index, or -1 at once when no device has an SM
@@ -31,15 +31,15 @@ static int launch_device_index(void)
 #define LIMITER_STREAM(stream, per_thread)                                                          \
     ((stream) || !(per_thread) ? (stream) : CU_STREAM_PER_THREAD)
 
-/* Every launch form: through priority and the limiter, then the real entry point. */
+/* Every launch form: through activity and the limiter, then the real entry point. */
 #define LAUNCH(stream, ...)                                                                         \
     do {                                                                                            \
-        int prio_ = hami_priority_before_launch();                                                  \
+        int act_ = hami_activity_before_launch();                                                   \
         int dev_ = launch_device_index();                                                           \
         hami_sm_before_launch(dev_, (stream));                                                      \
         CUresult rc_ = real(__VA_ARGS__);                                                           \
         hami_sm_after_launch(dev_, (stream), rc_);                                                  \
-        hami_priority_end(prio_);                                                                   \
+        hami_activity_end(act_);                                                                    \
         return rc_;                                                                                 \
     } while (0)
 

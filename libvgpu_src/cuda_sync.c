@@ -1,17 +1,17 @@
-/* Synchronisation and query hooks: tell priority (priority.h) that a process's
- * work is still running while it waits for it or polls it, so a high-priority
- * kernel longer than the idle time keeps low-priority launches waiting. Without
- * a priority board each costs one load and a branch. */
+/* Synchronisation and query hooks: tell activity (activity.h) that a process's
+ * work is still running while it waits for it or polls it, so a kernel longer
+ * than the others' window (or, for high-priority work, the idle time) counts as
+ * active. Without a board each costs one or two loads and a branch. */
 #include "internal.h"
 #include "hooks.h"
-#include "priority.h"
+#include "activity.h"
 
 /* The wait itself, between the marks. */
 #define WAITING(call)                                                                               \
     do {                                                                                            \
-        int token = hami_priority_wait_begin();                                                     \
+        int token = hami_activity_wait_begin();                                                     \
         CUresult rc = (call);                                                                       \
-        hami_priority_end(token);                                                                   \
+        hami_activity_end(token);                                                                   \
         return rc;                                                                                  \
     } while (0)
 
@@ -28,7 +28,7 @@
     {                                                                                               \
         CUresult rc = real args;                                                                    \
         if (rc == CUDA_ERROR_NOT_READY)                                                             \
-            hami_priority_still_running();                                                          \
+            hami_activity_still_running();                                                          \
         return rc;                                                                                  \
     }
 

@@ -80,8 +80,9 @@ struct hami_config {
      * (limits from HAMI_LIMITS_PATH, the fields above unused), else the env's. */
     int runtime_made;                       /* HAMI_LIMITS_PATH exists */
     const char *region_path;                /* CUDA_DEVICE_MEMORY_SHARED_CACHE or NULL */
+    const char *activity_board;             /* CUDA_ACTIVITY_BOARD or NULL: `default` holds as `force` */
     const char *priority_board;             /* CUDA_PRIORITY_BOARD or NULL: priority has no effect */
-    const char *priority_stamp_dir;         /* CUDA_PRIORITY_STAMP_DIR or NULL: never high */
+    const char *activity_stamp_dir;         /* CUDA_ACTIVITY_STAMP_DIR or NULL: no stamps (never high) */
 };
 extern struct hami_config hami_config;
 /* Runs once (constructor and every entry point): logging level, then the env. */
@@ -141,5 +142,8 @@ void hami_pools_settle_all(void);
  * (called where a hook starts, before its own charge; throttled). */
 int hami_current_device_index(CUdevice *dev_out);
 void hami_reconcile(int index, CUdevice dev);
+/* The pid the driver names this process by, as the one process that appeared when
+ * it created a context (kept in this process only); 0 until known. */
+unsigned int hami_host_pid(void);
 
 #endif

@@ -74,7 +74,8 @@
 #define HAMI_RUNTIME_REGION_DIR "/usr/local/vgpu/shared"
 #define HAMI_RUNTIME_REGION_PATH HAMI_RUNTIME_REGION_DIR "/vgpu.region"
 #define HAMI_RUNTIME_STAMP_DIR HAMI_RUNTIME_REGION_DIR "/activity"
-#define HAMI_RUNTIME_BOARD_DIR "/usr/local/vgpu/priority"
+#define HAMI_RUNTIME_ACTIVITY_BOARD "/usr/local/vgpu/activity"
+#define HAMI_RUNTIME_PRIORITY_BOARD "/usr/local/vgpu/priority"
 
 #define HAMI_LIMITS_MAGIC 0x3153544d494c4148
 #define HAMI_LIMITS_VERSION 1

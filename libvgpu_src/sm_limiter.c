@@ -6,12 +6,12 @@
  * A device is limited when its sm_limit is 1..99 and the policy is not
  * `disable`. Otherwise a launch costs a few loads and branches: no event, lock
  * or clock. `force` always holds the share. `default` holds it only while
- * processes of OTHER containers have recently used the device, as the
- * driver's per-process utilisation says (a container cannot forge what the
- * driver reports for another's pid): alone, its launches do not wait and are
- * not billed, the bucket refills meanwhile, so a shared phase starts with a
- * fresh short burst and no debt. Without NVML, or without knowing the pid
- * NVML knows us by, `default` holds the share as `force` does.
+ * another container's work is active on the device, as the host's activity
+ * board says (activity.h: a container can neither make another's work look
+ * idle nor look busy itself but through its own stamp): alone, its launches do
+ * not wait and are not billed, the bucket refills meanwhile, so a shared phase
+ * starts with a fresh short burst and no debt. Without an activity board
+ * (bare use without one), `default` holds the share as `force` does.
  *
  * - Tokens are nanoseconds of device time the container may still use. They
  *   refill at share x wall time (whoever launches next claims the elapsed
@@ -63,6 +63,7 @@
 
 #include "internal.h"
 #include "log.h"
+#include "activity.h"
 #include "sm_limiter.h"
 
 #define SM_PROBES 64                             /* measured launches in flight, per process and device */
@@ -76,7 +77,7 @@
 #define SM_HISTORY 8                             /* ticks remembered (>= 1 s + 1 tick) */
 #define SM_NVML_WINDOW_NS 1000000000LL           /* what a process utilisation sample covers */
 #define SM_LOOK_NS 100000000LL                   /* `default`: look for other containers' work */
-#define SM_RECENT_US 400000ULL                   /* ... in samples no older than this */
+#define SM_RECENT_NS 400000000LL                 /* ... stamped no longer ago than this */
 #define SM_NVML_RETRY_NS 10000000000LL           /* pid unknown to NVML: ask again after 10 s */
 #define SM_NVML_MAX_PROCS 64
 #define SM_FACTOR_MIN 0.5
@@ -336,14 +337,16 @@ static int sm_window_open(const struct sm_local *loc)
 
 /* ---- occupancy correction through NVML ---- */
 
-/* The pid NVML reports this process as: the host pid the hook recorded, our
- * own pid when we live in the host's pid namespace, or else our own pid only
- * if the driver lists it among the device's processes. 0 when unknown. */
+/* The pid NVML reports this process as: the one context creation found (the
+ * process that appeared, cuda_context.c: known to this process alone, never
+ * read back from the region), our own pid when we live in the host's pid
+ * namespace, or else our own pid only if the driver lists it among the
+ * device's processes. 0 when unknown. */
 static unsigned int sm_nvml_pid(nvmlDevice_t nvml_dev)
 {
-    struct hami_proc_slot *self = hami_region_self();
-    if (self && self->host_pid > 0)
-        return (unsigned int)self->host_pid;
+    unsigned int found = hami_host_pid();
+    if (found)
+        return found;
     char link[64];
     ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
     unsigned long ino = 0;
@@ -387,8 +390,7 @@ static int sm_nvml_open(struct sm_local *loc, int64_t now)
         return 0;
     loc->nvml_pid = sm_nvml_pid(loc->nvml_dev);
     if (!loc->nvml_pid) {
-        hami_info("SM limit: this process's pid is unknown to NVML; launches are charged as measured "
-                  "and policy `default` holds the share as `force` does");
+        hami_info("SM limit: this process's pid is unknown to NVML; launches are charged as measured");
         return 0;
     }
     loc->nvml_usable = 1;
@@ -397,22 +399,16 @@ static int sm_nvml_open(struct sm_local *loc, int64_t now)
 
 enum { SM_ALONE = 0, SM_WITH_OWN = 1, SM_WITH_FOREIGN = 2 };
 
-/* Whose work a sample shows besides ours: none (ours, or idle), our container's, another's. */
-static int sm_sample_company(const struct sm_local *loc, const nvmlProcessUtilizationSample_t *sample)
-{
-    if (sample->pid == loc->nvml_pid || sample->smUtil == 0)
-        return SM_ALONE;
-    return hami_region_has_pid(sample->pid) ? SM_WITH_OWN : SM_WITH_FOREIGN;
-}
-
 /* This process's SM use over the last second as NVML reports it, in percent
- * (-1 if none); *company says who else used the device meanwhile: nobody,
- * only processes of this container, or processes of others. */
+ * (-1 if none); *company says who else used the device meanwhile: another
+ * container (its board entry was active), else processes of this container
+ * (samples of pids in its region: only this container can mislead itself), or
+ * nobody. */
 static int sm_nvml_util(struct sm_local *loc, int *company)
 {
     nvmlProcessUtilizationSample_t samples[SM_NVML_MAX_PROCS];
     unsigned int count = SM_NVML_MAX_PROCS;
-    *company = SM_ALONE;
+    *company = hami_activity_others(SM_NVML_WINDOW_NS) > 0 ? SM_WITH_FOREIGN : SM_ALONE;
     if (sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, 0) != NVML_SUCCESS)
         return -1;
     int util = -1;
@@ -423,9 +419,8 @@ static int sm_nvml_util(struct sm_local *loc, int *company)
                 newest = samples[i].timeStamp;
                 util = (int)samples[i].smUtil;
             }
-        } else {
-            int who = sm_sample_company(loc, &samples[i]);
-            *company = who > *company ? who : *company;
+        } else if (*company == SM_ALONE && samples[i].smUtil && hami_region_has_pid(samples[i].pid)) {
+            *company = SM_WITH_OWN;
         }
     }
     return util;
@@ -483,35 +478,14 @@ static void sm_correct(struct sm_local *loc, int64_t now)
                100.0 * (double)measured / (double)span, company, loc->baseline, loc->factor);
 }
 
-/* `default` policy: has no process of another container used the device in
- * the last SM_RECENT_US? Looked up every SM_LOOK_NS; unknown counts as no. */
-static int sm_look_alone(struct sm_local *loc, int64_t now)
-{
-    if (!sm_nvml_open(loc, now))
-        return 0;
-    struct timespec rt;
-    clock_gettime(CLOCK_REALTIME, &rt);
-    unsigned long long since =
-        (unsigned long long)rt.tv_sec * 1000000ULL + (unsigned long long)rt.tv_nsec / 1000ULL - SM_RECENT_US;
-    nvmlProcessUtilizationSample_t samples[SM_NVML_MAX_PROCS];
-    unsigned int count = SM_NVML_MAX_PROCS;
-    nvmlReturn_t r = sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, since);
-    if (r == NVML_ERROR_NOT_FOUND)               /* no samples that recent: nobody busy */
-        return 1;
-    if (r != NVML_SUCCESS)
-        return 0;
-    for (unsigned int i = 0; i < count; i++)
-        if (samples[i].timeStamp > since && sm_sample_company(loc, &samples[i]) == SM_WITH_FOREIGN)
-            return 0;
-    return 1;
-}
-
+/* `default` policy: has no other container's work been active on the device in
+ * the last SM_RECENT_NS? Looked up every SM_LOOK_NS; unknown counts as no. */
 static int sm_alone(struct sm_local *loc, int64_t now)
 {
     if (now < loc->next_look_ns)
         return loc->alone;
     loc->next_look_ns = now + SM_LOOK_NS;
-    int alone = sm_look_alone(loc, now);
+    int alone = hami_activity_others(SM_RECENT_NS) == 0;
     if (alone != loc->alone)
         hami_debug("SM limit: %s", alone ? "alone on the device: not held" : "other containers busy: held");
     loc->alone = alone;

@@ -88,6 +88,21 @@ def open_region(state_dir: str, name: str):
                            label=os.path.join(state_dir, "containers", name, region.REGION_FILE_NAME))
 
 
+def processes(state_dir: str, name: str, reg, device_count: int):
+    """[(process, alive)] of the region: each with the host pid the host finds for
+    it in the container's pid namespace (node/host_pids.py; the region's own
+    host_pid is only what the container says), and whether it still runs: True,
+    False (gone, or its pid now another process's), None (the host cannot look:
+    the container's first process is not known or gone)."""
+    from ..node import host_pids
+    found = host_pids.in_namespace_of(store.host_pid(state_dir, name))
+    seen = []
+    for proc in reg.processes(device_count):
+        proc = proc._replace(host_pid=found.get(proc.pid, 0))
+        seen.append((proc, proc.alive() if proc.host_pid else (False if found else None)))
+    return seen
+
+
 @contextlib.contextmanager
 def opened(state_dir: str, name: str, writable_limits: bool = False):
     """(limits, region) of `name`, both closed on the way out."""

@@ -85,7 +85,7 @@ def hook_argv(cfg: Config, runc_root: str) -> list[str]:
 
 def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
                     request, marker: dict, launcher=None) -> "modifiers.Injection":
-    from . import container_files, modifiers, priority_board, store
+    from . import boards, container_files, modifiers, store
     minor_of = {g.uuid: g.minor for g in gpus}
     region_dir = store.container_dir(cfg.state_dir, name)
     preload = os.path.join(store.private_dir(cfg.state_dir, name), "ld.so.preload")
@@ -97,7 +97,9 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         modifiers.Mount(container_files.limits_path(cfg.state_dir, name), modifiers.LIMITS_PATH,
                         tuple(modifiers.RO_BIND)),
         modifiers.Mount(region_dir, modifiers.REGION_DIR, tuple(modifiers.RW_BIND)),
-        modifiers.Mount(priority_board.board_root(cfg.state_dir), modifiers.BOARD_DIR,
+        modifiers.Mount(boards.board_root(cfg.state_dir, boards.ACTIVITY), modifiers.ACTIVITY_BOARD_DIR,
+                        tuple(modifiers.RO_BIND)),
+        modifiers.Mount(boards.board_root(cfg.state_dir, boards.PRIORITY), modifiers.PRIORITY_BOARD_DIR,
                         tuple(modifiers.RO_BIND)),
     ]
     mounts += [modifiers.Mount(m.source, m.destination,
@@ -140,13 +142,16 @@ def spill_flags(cfg: Config, request) -> int:
 
 def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
                        ) -> None:
-    from . import container_files, modifiers, priority_board, store
+    from . import boards, container_files, modifiers, store
     from ..node import region
     from ..files import atomic_write
     region_dir, private = store.make_dirs(cfg.state_dir, name)
-    # every container stamps; the board links only high-priority ones
-    priority_board.make_stamps(cfg.state_dir, name, [g.uuid for g in grants])
-    priority_board.set_priority(cfg.state_dir, name, [g.uuid for g in grants], request.priority)
+    # every container stamps and is on the activity board; the priority board
+    # links only high-priority ones
+    uuids = [g.uuid for g in grants]
+    boards.make_stamps(cfg.state_dir, name, uuids)
+    boards.join(cfg.state_dir, name, uuids)
+    boards.set_priority(cfg.state_dir, name, uuids, request.priority)
     # The region file is 0666 (any container user maps it); the dir stays the host's.
     os.chmod(region_dir, 0o755)
     flags = spill_flags(cfg, request)

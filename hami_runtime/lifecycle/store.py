@@ -11,8 +11,10 @@ Layout of the state dir:
                       (the region's identity), ld.so.preload, owner.json, pid (the
                       container's host PID, written by the createRuntime hook),
                       resized.json (devices, policy, priority after hamictl update)
+  activity/<uuid>/    the activity board: links to every GPU container's
+                      activity stamps (boards.py)
   priority/<uuid>/    the priority board: links to high-priority containers'
-                      activity stamps (priority_board.py); freed with the
+                      activity stamps; both boards' entries are freed with the
                       allocation, and swept of entries no allocation owns
 
 An allocation belongs to a (runc root, container id) pair: containerd keeps a
@@ -374,16 +376,16 @@ class State:
                             remove_at(fd, name)
             finally:
                 os.close(fd)
-        from . import priority_board
-        priority_board.sweep(self.state_dir, self.allocations)
+        from . import boards
+        boards.sweep(self.state_dir, self.allocations)
 
     def release(self, name: str) -> bool:
         """Frees the allocation; its files go too where they can (one that cannot
         be removed is left to hamictl doctor and never stops the transaction)."""
-        from . import priority_board
+        from . import boards
         entry = self.allocations.pop(name, None)
         with contextlib.suppress(OSError, HamiError):
-            priority_board.clear(self.state_dir, name)
+            boards.clear(self.state_dir, name)
         with contextlib.suppress(OSError, HamiError):
             remove_dirs(self.state_dir, name)
         if entry is not None:

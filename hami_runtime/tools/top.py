@@ -156,13 +156,13 @@ def read_container(state_dir: str, name: str, path: str, runc_root: str = "") ->
                 view.devices.append(DeviceView(i, limit.uuid, r.used_bytes(i), limit.mem_limit_bytes,
                                                limit.sm_limit_pct, sm.busy_ns, sm.throttled_ns,
                                                sm.paused_ns))
-            for proc in r.processes(len(devices)):
+            for proc, alive in container_files.processes(state_dir, name, r, len(devices)):
                 view.processes.append(ProcessView(
                     pid=proc.pid, host_pid=proc.host_pid,
                     mem_used_bytes=[d.mem_used for d in proc.devices],
                     ctx_used_bytes=[d.ctx_used for d in proc.devices],
                     sm_busy_ns=[d.sm_busy_ns for d in proc.devices],
-                    launches=[d.launches for d in proc.devices], alive=proc.alive()))
+                    launches=[d.launches for d in proc.devices], alive=alive))
     except (region.RegionError, store.HamiError, OSError) as exc:
         view.error = str(exc)
     return view

@@ -31,10 +31,10 @@ def apply_priority(state, name: str, entry: dict, priority: int, limits) -> None
     """The one place a priority change goes through: the record now; once it is
     committed, the host's priority board (what libvgpu follows: one link or
     unlink per GPU) and the limits' priority field (what views show)."""
-    from ..lifecycle import priority_board
+    from ..lifecycle import boards
     entry["priority"] = priority
     uuids = [d["uuid"] for d in entry["devices"]]
-    state.after_commit.append(lambda: priority_board.set_priority(state.state_dir, name, uuids, priority))
+    state.after_commit.append(lambda: boards.set_priority(state.state_dir, name, uuids, priority))
     state.after_commit.append(lambda: limits.update_live(priority=priority))
 
 
@@ -48,7 +48,8 @@ def _used_now(state_dir: str, name: str, entry: dict) -> dict[str, int]:
     uuids = [d["uuid"] for d in entry["devices"]]
     try:
         with container_files.open_region(state_dir, name) as reg:
-            procs = [p for p in reg.processes(len(uuids)) if p.alive() is not False]
+            procs = [p for p, alive in container_files.processes(state_dir, name, reg, len(uuids))
+                     if alive is not False]
     except (region.RegionError, HamiError, OSError):
         return dict.fromkeys(uuids, 0)
     return {uuid: sum(p.devices[i].mem_used for p in procs) for i, uuid in enumerate(uuids)}

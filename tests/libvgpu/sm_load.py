@@ -6,8 +6,12 @@ own state file): a simulated kernel ends when the driver's stream thread wakes
 up, so on a loaded machine throughput moves with the CPU load, and only a
 reference measured in the same seconds keeps the ratio honest.
 
+Each Load's region stands for a container: as the runtime does, every container
+gets an activity stamp and an entry on its machine's activity board (the `default`
+policy asks the board whether another container works; activity.h).
+
 Shared by tests/libvgpu/test_sm_limit.py and bench/sm_accuracy.py. Every state
-file and region lives in the caller's directory, so nothing is shared with
+file, region and board lives in the caller's directory, so nothing is shared with
 other runs.
 """
 from __future__ import annotations
@@ -28,6 +32,8 @@ SM_LOAD = BUILD / "tests" / "sm" / "sm_load"
 
 KERNEL_US = 10000         # 10 ms kernels: launch gaps and scheduling noise stay small against them
 WARMUP_S = 1.0
+CARD_UUID = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"   # the simulator's card 0, where loads run
+STAMP_BYTES = 64          # libvgpu_src/activity.h
 
 
 def build() -> None:
@@ -49,6 +55,27 @@ class Load:
     env: tuple[tuple[str, str], ...] = ()   # more variables (e.g. the priority board's)
 
 
+def container_stamp(region: Path) -> Path:
+    """The activity stamp on card 0 of the container whose region this is (made zeroed once)."""
+    stamp = region.parent / f"stamps-{region.stem}" / CARD_UUID
+    stamp.parent.mkdir(exist_ok=True)
+    if not stamp.exists():
+        stamp.write_bytes(bytes(STAMP_BYTES))
+    return stamp
+
+
+def container_boards(region: Path, sim_state: Path) -> tuple[tuple[str, str], ...]:
+    """The container's stamp, linked on the activity board of its machine (one board
+    per state file: the reference's machine has a card 0 of its own), as
+    hami_runtime/lifecycle/boards.py does; the env that points libvgpu at them."""
+    board = region.parent / f"activity-{sim_state.stem}" / CARD_UUID
+    board.mkdir(parents=True, exist_ok=True)
+    stamp = container_stamp(region)
+    if not (board / region.stem).exists():
+        os.link(stamp, board / region.stem)
+    return (("CUDA_ACTIVITY_BOARD", str(board.parent)), ("CUDA_ACTIVITY_STAMP_DIR", str(stamp.parent)))
+
+
 def load_env(load: Load, sim_state: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CUDA_", "GPU_CORE", "HAMI_", "LD_PRELOAD"))}
@@ -60,6 +87,7 @@ def load_env(load: Load, sim_state: Path) -> dict[str, str]:
         env["CUDA_DEVICE_SM_LIMIT"] = str(load.sm_limit)
     if load.policy is not None:
         env["GPU_CORE_UTILIZATION_POLICY"] = load.policy
+    env.update(container_boards(load.region, sim_state))
     env.update(load.env)
     return env
 

@@ -50,6 +50,8 @@ def test_every_hook_is_defined_through_hami_hook():
     ("CUDA_PRIORITY_IDLE_MS", "60001"),
     ("CUDA_PRIORITY_IDLE_MS", "2s"),
     ("CUDA_PRIORITY_BOARD", "relative/board"),
+    ("CUDA_ACTIVITY_BOARD", "relative/board"),
+    ("CUDA_ACTIVITY_STAMP_DIR", "stamps"),
     ("CUDA_OVERSUBSCRIBE", "yes"),
     ("LIBCUDA_LOG_LEVEL", "9"),
 ])

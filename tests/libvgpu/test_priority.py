@@ -1,6 +1,6 @@
 """Priority on the simulated GPU, through the real libvgpu.so, bare (the test
-plays the host: it makes the board and the stamps in a tmp dir, as
-hami_runtime/lifecycle/priority_board.py does).
+plays the host: it makes the boards and the stamps in a tmp dir, as
+hami_runtime/lifecycle/boards.py does).
 
 A low-priority spin loop runs alone at the full rate, nearly stops while a
 high-priority process works on the same GPU, and resumes once that one has been
@@ -28,28 +28,27 @@ from sm_load import Load  # noqa: E402
 
 from hami_runtime.node import region  # noqa: E402
 
-UUID = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"   # the simulator's card 0
-STAMP_BYTES = 64
+UUID = sm_load.CARD_UUID
+STAMP_BYTES = sm_load.STAMP_BYTES
 IDLE_MS = 200
 
 
 class Board:
-    """The host's side: a board dir per GPU and each container's stamp dir."""
+    """The host's side: the priority board, a dir per GPU (sm_load makes each
+    container's stamp and activity board entry)."""
 
     def __init__(self, root: Path):
         self.root = root
         (root / "board" / UUID).mkdir(parents=True)
 
     def container(self, name: str, high: bool) -> Load:
-        stamps = self.root / f"stamps-{name}"
-        stamps.mkdir()
-        (stamps / UUID).write_bytes(bytes(STAMP_BYTES))
-        if high:
-            os.link(stamps / UUID, self.root / "board" / UUID / name)
-        return Load(region=self.root / f"{name}.region", env=(
+        load = Load(region=self.root / f"{name}.region", env=(
             ("CUDA_PRIORITY_BOARD", str(self.root / "board")),
-            ("CUDA_PRIORITY_STAMP_DIR", str(stamps)),
             ("CUDA_PRIORITY_IDLE_MS", str(IDLE_MS))))
+        stamp = sm_load.container_stamp(load.region)
+        if high:
+            os.link(stamp, self.root / "board" / UUID / name)
+        return load
 
 
 @pytest.fixture

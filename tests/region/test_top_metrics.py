@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -25,7 +26,6 @@ ROOT_K8S = "/run/containerd/runc/k8s.io"
 ROOT_MOBY = "/run/docker/runtime-runc/moby"
 NAME_A = alloc_name(ROOT_K8S, CID_A)
 NAME_B = alloc_name(ROOT_MOBY, CID_B)
-HOST_PID = os.getpid()  # a live process the host can see, as the hook would record it
 
 
 def owner_of(pid_in_container, host_pid):
@@ -48,15 +48,36 @@ def region_of(state_dir, name):
     return state_dir / "containers" / name / region.REGION_FILE_NAME
 
 
+@pytest.fixture(scope="module")
+def host_pids():
+    """Two processes in a pid namespace of their own, as a container's are (pids 1
+    and 2 there): {pid in the namespace: pid on the host}."""
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sh", "-c",
+                              "sleep 600 & exec sleep 601"])
+    deadline, found = time.monotonic() + 10, {}
+    while len(found) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        first = subprocess.run(["pgrep", "-P", str(outer.pid)], capture_output=True, text=True).stdout.split()
+        second = subprocess.run(["pgrep", "-P", first[0]], capture_output=True, text=True).stdout.split() \
+            if first else []
+        found = {1: int(first[0]), 2: int(second[0])} if second else {}
+    yield found
+    outer.kill()
+    outer.wait(timeout=10)
+
+
 @pytest.fixture
-def state_dir(tmp_path):
-    """Two GPU containers: A (force, high priority) with two processes on one device,
-    B (default, low) with two devices."""
+def state_dir(tmp_path, host_pids):
+    """Two GPU containers: A (force, high priority) with two processes on one device
+    (the host knows its first process, as the createRuntime hook records it; the
+    second process's slot has no owner the host can match), B (default, low) with
+    two devices."""
     a = make_container(tmp_path, NAME_A, [DeviceLimit("GPU-a", 1024 * MiB, 30)],
                        core_policy="force", priority=0)
-    fake_process(a, 0, pid=1, host_pid=HOST_PID, owner=owner_of(1, HOST_PID),
+    (tmp_path / "private" / NAME_A / "pid").write_text(f"{host_pids[1]}\n")
+    fake_process(a, 0, pid=1, host_pid=4242, owner=owner_of(1, host_pids[1]),  # 4242: the container's word
                  usage={0: (300 * MiB, 100 * MiB, 0, 40)})
-    fake_process(a, 7, pid=2, usage={0: (212 * MiB, 100 * MiB, 0, 2)})
+    fake_process(a, 7, pid=2, owner=owner_of(2, host_pids[2]), usage={0: (212 * MiB, 100 * MiB, 0, 2)})
     b = make_container(tmp_path, NAME_B, [DeviceLimit("GPU-b0", 2048 * MiB, 0),
                                           DeviceLimit("GPU-b1", 0, 60)])
     fake_process(b, 1, pid=9, usage={1: (64 * MiB, 64 * MiB, 0, 1)})
@@ -88,7 +109,7 @@ def fake_time(monkeypatch):
     return clock
 
 
-def test_read_all_reports_limits_and_summed_usage(state_dir):
+def test_read_all_reports_limits_and_summed_usage(state_dir, host_pids):
     views = {c.id: c for c in top.read_all(str(state_dir))}
     assert sorted(views) == sorted([CID_A, CID_B])
     a, b = views[CID_A], views[CID_B]
@@ -97,8 +118,8 @@ def test_read_all_reports_limits_and_summed_usage(state_dir):
     assert [(d.uuid, d.mem_used_bytes, d.mem_limit_bytes, d.sm_limit_pct) for d in a.devices] == [
         ("GPU-a", 512 * MiB, 1024 * MiB, 30)]
     assert [(p.pid, p.host_pid, p.mem_used_bytes) for p in a.processes] == [
-        (1, HOST_PID, [300 * MiB]), (2, 0, [212 * MiB])]
-    assert [p.alive for p in a.processes] == [True, None]
+        (1, host_pids[1], [300 * MiB]), (2, host_pids[2], [212 * MiB])]
+    assert [p.alive for p in a.processes] == [True, True]
     assert [(d.mem_used_bytes, d.mem_limit_bytes, d.sm_limit_pct) for d in b.devices] == [
         (0, 2048 * MiB, 0), (64 * MiB, 0, 60)]
 
@@ -120,7 +141,7 @@ def test_sm_use_is_busy_time_over_the_interval(state_dir, busy_ns, elapsed_ns, e
     assert a.processes[1].sm_use_pct == [0.0]
 
 
-def test_table_shows_each_container_device_and_process(state_dir):
+def test_table_shows_each_container_device_and_process(state_dir, host_pids):
     result = CliRunner().invoke(top.top_command, ["--state-dir", str(state_dir), "--interval", "0"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -129,9 +150,11 @@ def test_table_shows_each_container_device_and_process(state_dir):
     # --interval 0: no interval, so neither SM use nor holding is known
     assert re.search(rf"^aaaaaaaaaaaa\s+{ROOT_K8S}\s+0\s+GPU-a\s+force\s+high\s+512 / 1024\s+"
                      r"\? / 30%\s+\?\s+2$", result.output, re.M), result.output
-    assert re.search(rf"^  pid 1 \(host {HOST_PID}\)\s+0\s+300 \(context 100\)\s+\?\s+40 launches$",
+    assert re.search(rf"^  pid 1 \(host {host_pids[1]}\)\s+0\s+300 \(context 100\)\s+\?\s+40 launches$",
                      result.output, re.M)
-    assert re.search(r"^  pid 2 \(host \?\)\s+0\s+212 \(context 100\)", result.output, re.M)
+    assert re.search(rf"^  pid 2 \(host {host_pids[2]}\)\s+0\s+212 \(context 100\)", result.output, re.M)
+    # B: its first process is not known to the host, so neither are its host pids
+    assert re.search(r"^  pid 9 \(host \?\)", result.output, re.M), result.output
     # no SM limit: launches are not timed, so there is no use to show
     assert re.search(rf"^bbbbbbbbbbbb\s+{ROOT_MOBY}\s+0\s+GPU-b0\s+default\s+low\s+0 / 2048\s+"
                      r"- / -\s+\?\s+0$", result.output, re.M)
@@ -139,17 +162,16 @@ def test_table_shows_each_container_device_and_process(state_dir):
                      r"\? / 60%\s+\?\s+1$", result.output, re.M)
 
 
-def test_exited_process_is_marked_and_not_counted(state_dir):
+def test_exited_process_is_marked_and_not_counted(state_dir, host_pids):
     """A slot whose process is gone still counts against the limit until a process of
     the container reclaims it; top says so and counts only live processes."""
     path = region_of(state_dir, NAME_A)
-    dead = gone_pid()
-    fake_process(path, 9, pid=4, host_pid=dead, owner=owner_of(4, HOST_PID),
+    fake_process(path, 9, pid=4, host_pid=gone_pid(), owner=owner_of(4, host_pids[1]),  # no pid 4 there
                  usage={0: (24 * MiB, 24 * MiB, 0, 0)})
     result = CliRunner().invoke(top.top_command, ["--state-dir", str(state_dir), "--interval", "0"])
     assert re.search(r"^aaaaaaaaaaaa\s+\S+\s+0\s+GPU-a\s+force\s+high\s+536 / 1024\s+\? / 30%\s+\?\s+2$",
                      result.output, re.M), result.output
-    assert re.search(rf"^  pid 4 \(host {dead}, exited\)\s+0\s+24 \(context 24\)", result.output,
+    assert re.search(r"^  pid 4 \(host \?, exited\)\s+0\s+24 \(context 24\)", result.output,
                      re.M), result.output
 
 
@@ -312,13 +334,14 @@ def test_metrics_read_at_scrape_time(state_dir):
         # Counters move between scrapes: nothing is cached.
         add_sm(region_of(state_dir, NAME_A), 0, busy_ns=1_500_000_000, throttled_ns=2_250_000_000,
                paused_ns=500_000_000)
-        fake_process(region_of(state_dir, NAME_A), 3, pid=3, usage={0: (10 * MiB, 0, 0, 0)})
+        fake_process(region_of(state_dir, NAME_B), 3, pid=3, usage={0: (10 * MiB, 0, 0, 0)})
         text = scrape(port)
         assert sample_value(text, "hami_container_sm_busy_seconds_total", **dev_a) == 1.5
         assert sample_value(text, "hami_container_sm_throttled_seconds_total", **dev_a) == 2.25
         assert sample_value(text, "hami_container_sm_paused_seconds_total", **dev_a) == 0.5
-        assert sample_value(text, "hami_container_memory_used_bytes", **dev_a) == 522 * MiB
-        assert sample_value(text, "hami_container_processes", **dev_a) == 3
+        dev_b0 = dict(container=CID_B, device="0")
+        assert sample_value(text, "hami_container_memory_used_bytes", **dev_b0) == 10 * MiB
+        assert sample_value(text, "hami_container_processes", **dev_b0) == 1
     finally:
         server.shutdown()
         server.server_close()

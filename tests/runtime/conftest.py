@@ -1,181 +1,31 @@
 """Fixtures: a busybox (+ glibc) rootfs, bundles, a private runc root and a
-runtime config for the simulated GPU with its state under the test's tmp dir."""
-import json
-import os
-import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
-
+runtime config for the simulated GPU with its state under the test's tmp dir
+(node.py has the pieces)."""
 import pytest
 
-from tests.conftest import BUILD, LIBVGPU, ROOT, SIM
-
-RUNC = shutil.which("runc") or "/usr/sbin/runc"
-BUSYBOX = shutil.which("busybox") or "/bin/busybox"
-SIM_CONFIG = SIM / "hami.toml"
-CUDA_ALLOC = BUILD / "runtime-tests" / "cuda_alloc"
-RUNTIME = [sys.executable, "-m", "hami_runtime"]
-LAUNCHER = BUILD / "hami-runtime"  # the C front (make build); falls back to RUNTIME
-HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl import main; sys.exit(main())"]
-APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink",
-           "dd", "rm", "mv", "ln", "cp", "truncate", "mount", "umount")
-TIMEOUT = 60
+from .node import Node, copy_sim, make_rootfs, sim_missing, spec_template as make_spec_template
 
 
 def needs_sim():
-    missing = [p for p in (SIM_CONFIG, SIM / "lib" / "libnvidia-ml.so.1", LIBVGPU) if not p.exists()]
+    missing = sim_missing()
     if missing:
-        pytest.skip(f"run `make build sim` first: missing {missing[0]}")
+        pytest.skip(f"run `make build sim` first: missing {missing}")
 
 
 @pytest.fixture(scope="session")
 def sim_copy(tmp_path_factory):
-    """A private copy of the simulated driver root and libvgpu, so that a
-    rebuild of build/ while the tests run cannot change them underfoot."""
     needs_sim()
-    root = tmp_path_factory.mktemp("simroot")
-    for sub in ("lib", "bin", "etc"):
-        shutil.copytree(SIM / sub, root / sub, symlinks=True)
-    shutil.copy2(LIBVGPU, root / "libvgpu.so")
-    if not (root / "lib" / "libcuda.so.1").exists():
-        pytest.skip("the simulated libcuda.so.1 is missing: run `make sim`")
-    return root
+    return copy_sim(tmp_path_factory.mktemp("simroot"))
 
 
 @pytest.fixture(scope="session")
 def rootfs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rootfs")
-    (root / "bin").mkdir()
-    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-    for applet in APPLETS:
-        (root / "bin" / applet).symlink_to("busybox")
-    # glibc for the test program: copied from the host, at the host's paths.
-    for lib in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"):
-        if os.path.exists(lib):
-            target = root / lib.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(os.path.realpath(lib), target)
-    if CUDA_ALLOC.exists():
-        shutil.copy2(CUDA_ALLOC, root / "bin" / "cuda_alloc")
-    for d in ("proc", "sys", "dev", "tmp", "etc"):
-        (root / d).mkdir(exist_ok=True)
-    for d in [root] + [p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()]:
-        d.chmod(0o755)  # any container user may walk it
-    (root / "tmp").chmod(0o1777)
-    return root
-
-
-class Node:
-    """One test's node: config, state dir, runc root, bundles, commands."""
-
-    def __init__(self, tmp, rootfs, template, sim_root):
-        self.tmp = tmp
-        self.sim_root = sim_root
-        self.sim_state = tmp / "simstate"  # the simulator's cross-process state, this test's own
-        self.sim_state.mkdir()
-        self.sim_state.chmod(0o1777)
-        self.rootfs = rootfs
-        self.template = template
-        self.state_dir = tmp / "state"
-        self.runc_root = tmp / "runc-root"
-        self.config = tmp / "hami.toml"
-        self.write_config()
-
-    def write_config(self, **overrides):
-        text = SIM_CONFIG.read_text().replace(str(SIM / "state"), str(self.state_dir))
-        for sub in ("lib", "bin", "etc"):
-            text = text.replace(f"{SIM}/{sub}/", f"{self.sim_root}/{sub}/")
-        text = text.replace(f'"{SIM}"', f'"{self.sim_root}"')
-        text = text.replace(f'"{SIM}/shared"', f'"{self.sim_state}"')
-        text = text.replace(str(LIBVGPU), str(self.sim_root / "libvgpu.so"))
-        lines = []
-        for line in text.splitlines():
-            key = line.split("=", 1)[0].strip()
-            if key in overrides:
-                continue
-            lines.append(line)
-        head = [f"{k} = {json.dumps(v)}" for k, v in overrides.items()]
-        self.config.write_text("\n".join(head + lines) + "\n")
-
-    @property
-    def env(self):
-        env = dict(os.environ)
-        env["HAMI_CONFIG"] = str(self.config)
-        env["HAMI_SIM_STATE"] = str(self.sim_state / "gpu.state")
-        return env
-
-    def bundle(self, name, annotations=None, env=(), args=("sleep", "60")):
-        path = self.tmp / "bundles" / name
-        path.mkdir(parents=True)
-        spec = json.loads(json.dumps(self.template))
-        spec["root"] = {"path": str(self.rootfs), "readonly": False}
-        spec["process"]["args"] = list(args)
-        spec["process"]["env"] += list(env)
-        if annotations:
-            spec["annotations"] = dict(annotations)
-        (path / "config.json").write_text(json.dumps(spec, indent=2))
-        return path
-
-    def runtime_argv(self, *args, log_format=None, cmd=None):
-        argv = list(cmd or RUNTIME) + ["--root", str(self.runc_root), "--log", str(self.tmp / "runc.log")]
-        if log_format:
-            argv += ["--log-format", log_format]
-        return argv + list(args)
-
-    def runtime(self, *args, log_format=None, timeout=TIMEOUT, cmd=None, env=None):
-        """hami-runtime with our root; stdio are files, never pipes (create's
-        container inherits them)."""
-        argv = self.runtime_argv(log_format=log_format, cmd=cmd)
-        out, err = self.tmp / "out", self.tmp / "err"
-        with open(out, "wb") as o, open(err, "wb") as e:
-            proc = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, stdout=o, stderr=e,
-                                  env={**self.env, **(env or {})}, timeout=timeout, cwd=self.tmp)
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(),
-                                           err.read_text())
-
-    def create(self, cid, bundle, **kw):
-        return self.runtime("create", "--bundle", str(bundle), cid, **kw)
-
-    def hamictl(self, *args):
-        proc = subprocess.run(HAMICTL + list(args), capture_output=True, text=True, env=self.env,
-                              timeout=TIMEOUT)
-        return proc
-
-    def ps(self):
-        proc = self.hamictl("ps", "--json")
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
-
-    def state(self):
-        try:
-            return json.loads((self.state_dir / "allocations.json").read_text())
-        except FileNotFoundError:
-            return {"allocations": {}}
-
-    def allocations(self):
-        """container id -> entry (this node's tests use one runc root)."""
-        return {e["id"]: e for e in self.state()["allocations"].values()}
-
-    def containers(self):
-        proc = subprocess.run([RUNC, "--root", str(self.runc_root), "list", "-q"],
-                              capture_output=True, text=True, timeout=TIMEOUT)
-        return proc.stdout.split()
-
-    def cleanup(self):
-        for cid in self.containers():
-            subprocess.run([RUNC, "--root", str(self.runc_root), "delete", "-f", cid],
-                           capture_output=True, timeout=TIMEOUT)
+    return make_rootfs(tmp_path_factory.mktemp("rootfs"))
 
 
 @pytest.fixture(scope="session")
 def spec_template(tmp_path_factory):
-    where = tmp_path_factory.mktemp("spec")
-    subprocess.run([RUNC, "spec"], cwd=where, check=True, timeout=TIMEOUT)
-    spec = json.loads((where / "config.json").read_text())
-    spec["process"]["terminal"] = False
-    return spec
+    return make_spec_template(tmp_path_factory.mktemp("spec"))
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,15 @@
 what hamictl shows, and that delete frees everything."""
 import json
 import os
+import re
+import subprocess
+import time
 
 import jsonschema
 import pytest
 
 from tests.conftest import ROOT
-from .conftest import CUDA_ALLOC
+from .node import CUDA_ALLOC
 
 SCHEMAS = ROOT / "schemas"
 GPU = {"hami.io/gpumem": "3000", "hami.io/gpucores": "30"}
@@ -133,3 +136,24 @@ def test_node_core_policy_unless_the_request_names_one(node, annotations, policy
     proc = node.runtime("run", "--bundle", str(bundle), "pol")
     assert proc.returncode == 0, proc.stderr
     assert f"GPU_CORE_UTILIZATION_POLICY={policy}" in proc.stdout.splitlines()
+
+
+@pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")
+def test_top_shows_the_host_pids_of_a_containers_processes(node):
+    """The container counts its processes by its own pids; the host finds them in its
+    namespace, and NVML on the host (the simulated driver, as a real one) names the
+    same process by the same host pid."""
+    bundle = node.bundle("seen", GPU, args=("cuda_alloc", "keep", "64", "20"))
+    assert node.runtime("run", "--detach", "--bundle", str(bundle), "seen").returncode == 0
+    shown = []
+    deadline = time.monotonic() + 20
+    while not shown and time.monotonic() < deadline:
+        time.sleep(0.1)
+        top = json.loads(node.hamictl("top", "--json", "--interval", "0").stdout)
+        shown = [p for c in top["containers"] for p in c["processes"]]
+    [proc] = shown
+    [row] = node.ps()
+    assert (proc["pid"], proc["host_pid"], proc["alive"]) == (1, row["pid"], True)
+    smi = subprocess.run([str(node.sim_root / "bin" / "nvidia-smi")], capture_output=True, text=True,
+                         env={**node.env, "LD_LIBRARY_PATH": str(node.sim_root / "lib")}, timeout=30)
+    assert re.search(rf"^\|\s+0\s+{row['pid']}\s+C\s+cuda_alloc", smi.stdout, re.M), smi.stdout

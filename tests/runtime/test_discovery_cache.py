@@ -9,7 +9,7 @@ import pytest
 
 from hami_runtime.node import discovery_cache
 
-from .conftest import TIMEOUT
+from .node import TIMEOUT
 
 # One create's discovery in a fresh interpreter; reports what it found and
 # what it had to load or run for it.

@@ -12,7 +12,7 @@ import pytest
 from hami_runtime.lifecycle import store
 from hami_runtime.files import process_start
 
-from .conftest import RUNC, TIMEOUT
+from .node import RUNC, TIMEOUT
 
 GPU = {"hami.io/gpumem": "1000"}
 

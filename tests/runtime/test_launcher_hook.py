@@ -7,7 +7,7 @@ import pytest
 
 from hami_runtime.lifecycle import store
 
-from .conftest import LAUNCHER, RUNC, TIMEOUT
+from .node import LAUNCHER, RUNC, TIMEOUT
 
 pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-from .conftest import LAUNCHER, RUNC, RUNTIME, TIMEOUT
+from .node import LAUNCHER, RUNC, RUNTIME, TIMEOUT
 
 needs_launcher = pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
 
@@ -103,10 +103,11 @@ def test_sigkill_during_create_leaks_nothing(node, tmp_path):
             proc.wait(TIMEOUT)
     assert node.ps() == []
     assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
-    assert sorted(os.listdir(node.state_dir)) == ["allocations.json", "allocations.lock", "cache",
+    assert sorted(os.listdir(node.state_dir)) == ["activity", "allocations.json", "allocations.lock", "cache",
                                                   "containers", "priority", "private"]
-    board = node.state_dir / "priority"   # its GPU dirs stay (containers watch them), empty
-    assert [e for gpu in os.listdir(board) for e in os.listdir(board / gpu)] == []
+    for board in (node.state_dir / "activity", node.state_dir / "priority"):
+        # their GPU dirs stay (containers watch them), empty
+        assert [e for gpu in os.listdir(board) for e in os.listdir(board / gpu)] == []
     proc = node.create("after", node.bundle("after", {"hami.io/gpumem": "16384"}))
     assert proc.returncode == 0, proc.stderr
 

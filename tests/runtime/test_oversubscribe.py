@@ -5,7 +5,7 @@ import pytest
 
 from hami_runtime.lifecycle import container_files, store
 
-from .conftest import CUDA_ALLOC
+from .node import CUDA_ALLOC
 
 CARD_MIB = 16384
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from .conftest import RUNC
+from .node import RUNC
 
 GPU_UUID_UNKNOWN = "GPU-ffffffff-0000-0000-0000-000000000000"
 

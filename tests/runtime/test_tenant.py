@@ -11,7 +11,7 @@ import pytest
 from hami_runtime.lifecycle import container_files, store
 from tests.region.fakes import collect
 
-from .conftest import CUDA_ALLOC
+from .node import CUDA_ALLOC
 
 pytestmark = pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")
 

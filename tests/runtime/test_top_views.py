@@ -5,7 +5,7 @@ import json
 
 from hami_runtime.lifecycle.store import root_key
 
-from .conftest import RUNTIME
+from .node import RUNTIME
 
 # (runc root dir under the node's tmp, annotations) -> what top shows of it
 CONTAINERS = [

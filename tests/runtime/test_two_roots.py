@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from .conftest import LAUNCHER, RUNTIME, TIMEOUT
+from .node import LAUNCHER, RUNTIME, TIMEOUT
 from .test_lifecycle import _race_one, needs_launcher
 
 ENTRIES = [pytest.param(RUNTIME, id="python"),

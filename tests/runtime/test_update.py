@@ -16,7 +16,7 @@ import pytest
 from hami_runtime.lifecycle import container_files, store
 from hami_runtime.node import region
 
-from .conftest import TIMEOUT
+from .node import TIMEOUT
 
 MIB = 1 << 20
 CAP = 16384  # MiB of each simulated GPU
@@ -343,11 +343,11 @@ def test_invalid_entry_is_named(node, uuids):
 def test_priority_moves_the_containers_stamps_on_and_off_the_board(node, uuids):
     """libvgpu follows the host's board, not the region: --priority 0 links the
     container's stamp there, --priority 1 takes it away again."""
-    from hami_runtime.lifecycle import priority_board
+    from hami_runtime.lifecycle import boards
     name = seed(node, "p", [(0, uuids[0], 2000, 30)])
-    priority_board.make_stamps(str(node.state_dir), name, [uuids[0]])
-    stamp = node.state_dir / "containers" / name / priority_board.STAMP_DIR / uuids[0]
-    entry = node.state_dir / priority_board.BOARD_DIR / uuids[0] / name
+    boards.make_stamps(str(node.state_dir), name, [uuids[0]])
+    stamp = node.state_dir / "containers" / name / boards.STAMP_DIR / uuids[0]
+    entry = node.state_dir / boards.PRIORITY / uuids[0] / name
 
     assert update(node, "p", "--priority", "0").returncode == 0
     assert os.path.samestat(os.stat(entry), os.stat(stamp))

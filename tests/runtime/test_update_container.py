@@ -8,7 +8,7 @@ import pytest
 from hami_runtime.lifecycle import store
 from hami_runtime.node import region
 
-from .conftest import CUDA_ALLOC
+from .node import CUDA_ALLOC
 
 MIB = 1 << 20
 

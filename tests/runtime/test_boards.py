@@ -1,19 +1,17 @@
-"""The priority board: a high-priority container's activity stamp is linked on
-the board of each of its GPUs, a low-priority one's is not; freeing the
-allocation unlinks it; the container gets the board read-only and its stamps
-read-write; nothing a caller or a container names reaches a path unchecked."""
+"""The boards: every GPU container's activity stamp is linked on the activity
+board of each of its GPUs, a high-priority one's also on the priority board, a
+low-priority one's not; freeing the allocation unlinks them; the container gets
+the boards read-only and its stamps read-write; nothing a caller or a container
+names reaches a path unchecked."""
 import json
 import os
-import shutil
 import stat
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from hami_runtime.errors import HamiError
-from hami_runtime.lifecycle import container_files, priority_board, store
+from hami_runtime.lifecycle import boards, container_files, store
 
 UUID_A = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"
 UUID_B = "GPU-da942c99-406e-4954-8dfc-5fec34eaffef"
@@ -25,16 +23,16 @@ def state_dir(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     store.make_dirs(str(state), NAME)
-    priority_board.make_stamps(str(state), NAME, [UUID_A, UUID_B])
+    boards.make_stamps(str(state), NAME, [UUID_A, UUID_B])
     return state
 
 
 def stamp(state, name, uuid):
-    return state / "containers" / name / priority_board.STAMP_DIR / uuid
+    return state / "containers" / name / boards.STAMP_DIR / uuid
 
 
 def entry(state, uuid, name=NAME):
-    return state / priority_board.BOARD_DIR / uuid / name
+    return state / boards.PRIORITY / uuid / name
 
 
 def same_file(a, b):
@@ -46,33 +44,42 @@ def test_stamps_are_zeroed_files_any_container_user_may_write(state_dir):
     for uuid in (UUID_A, UUID_B):
         st = os.stat(stamp(state_dir, NAME, uuid))
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
-        assert stamp(state_dir, NAME, uuid).read_bytes() == bytes(priority_board.STAMP_BYTES)
+        assert stamp(state_dir, NAME, uuid).read_bytes() == bytes(boards.STAMP_BYTES)
 
 
 def test_stamp_size_is_libvgpus():
-    header = (priority_board.__file__.rsplit("/hami_runtime/", 1)[0] + "/libvgpu_src/priority.h")
+    header = (boards.__file__.rsplit("/hami_runtime/", 1)[0] + "/libvgpu_src/activity.h")
     with open(header) as handle:
-        assert f"#define HAMI_STAMP_BYTES {priority_board.STAMP_BYTES}\n" in handle.read()
+        assert f"#define HAMI_STAMP_BYTES {boards.STAMP_BYTES}\n" in handle.read()
+
+
+def test_every_container_joins_the_activity_board_of_its_gpus(state_dir):
+    boards.join(str(state_dir), NAME, [UUID_A])
+    boards.join(str(state_dir), NAME, [UUID_A])   # idempotent
+    assert os.listdir(state_dir / "activity" / UUID_A) == [NAME]
+    assert same_file(state_dir / "activity" / UUID_A / NAME, stamp(state_dir, NAME, UUID_A))
+    assert not (state_dir / "activity" / UUID_B).exists()
+    assert not (state_dir / "priority").exists() or os.listdir(state_dir / "priority") == []
 
 
 def test_high_priority_links_its_stamps_low_unlinks_them(state_dir):
-    priority_board.set_priority(str(state_dir), NAME, [UUID_A, UUID_B], 0)
+    boards.set_priority(str(state_dir), NAME, [UUID_A, UUID_B], 0)
     for uuid in (UUID_A, UUID_B):
         assert same_file(entry(state_dir, uuid), stamp(state_dir, NAME, uuid))
-    priority_board.set_priority(str(state_dir), NAME, [UUID_A, UUID_B], 0)   # idempotent
+    boards.set_priority(str(state_dir), NAME, [UUID_A, UUID_B], 0)   # idempotent
     assert sorted(os.listdir(state_dir / "priority" / UUID_A)) == [NAME]
-    priority_board.set_priority(str(state_dir), NAME, [UUID_A, UUID_B], 1)
+    boards.set_priority(str(state_dir), NAME, [UUID_A, UUID_B], 1)
     assert not entry(state_dir, UUID_A).exists() and not entry(state_dir, UUID_B).exists()
     # the GPU dirs stay: containers have the board mounted and watch them
     assert (state_dir / "priority" / UUID_A).is_dir()
 
 
 def test_a_replaced_stamp_is_relinked(state_dir):
-    priority_board.set_priority(str(state_dir), NAME, [UUID_A], 0)
+    boards.set_priority(str(state_dir), NAME, [UUID_A], 0)
     path = stamp(state_dir, NAME, UUID_A)
     path.unlink()
     path.write_bytes(bytes(64))
-    priority_board.set_priority(str(state_dir), NAME, [UUID_A], 0)
+    boards.set_priority(str(state_dir), NAME, [UUID_A], 0)
     assert same_file(entry(state_dir, UUID_A), path)
 
 
@@ -82,7 +89,7 @@ def test_a_stamp_that_is_a_symlink_is_never_linked(state_dir, tmp_path):
     path = stamp(state_dir, NAME, UUID_A)
     path.unlink()
     path.symlink_to(outside)
-    priority_board.set_priority(str(state_dir), NAME, [UUID_A], 0)
+    boards.set_priority(str(state_dir), NAME, [UUID_A], 0)
     assert not os.path.lexists(entry(state_dir, UUID_A))
 
 
@@ -90,13 +97,13 @@ def test_a_symlinked_activity_dir_is_not_followed(state_dir, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / UUID_A).write_bytes(bytes(64))
-    activity = state_dir / "containers" / NAME / priority_board.STAMP_DIR
+    activity = state_dir / "containers" / NAME / boards.STAMP_DIR
     for child in activity.iterdir():
         child.unlink()
     activity.rmdir()
     activity.symlink_to(elsewhere)
     with pytest.raises(HamiError):
-        priority_board.set_priority(str(state_dir), NAME, [UUID_A], 0)
+        boards.set_priority(str(state_dir), NAME, [UUID_A], 0)
     assert not os.path.lexists(entry(state_dir, UUID_A))
 
 
@@ -114,34 +121,40 @@ def test_a_symlinked_activity_dir_is_not_followed(state_dir, tmp_path):
 def test_bad_names_never_reach_a_path(state_dir, name, uuids, priority):
     before = sorted(str(p) for p in state_dir.parent.rglob("*"))
     with pytest.raises(HamiError):
-        priority_board.set_priority(str(state_dir), name, uuids, priority)
+        boards.set_priority(str(state_dir), name, uuids, priority)
     if priority in (0, 1) and not isinstance(priority, bool):   # the name or a UUID is bad
         with pytest.raises(HamiError):
-            priority_board.make_stamps(str(state_dir), name, uuids)
+            boards.make_stamps(str(state_dir), name, uuids)
     assert sorted(str(p) for p in state_dir.parent.rglob("*")) == before
 
 
-def test_release_and_sweep_leave_only_live_high_priority_entries(state_dir):
-    other = f"other@{'1' * 16}"
-    store.make_dirs(str(state_dir), other)
-    priority_board.make_stamps(str(state_dir), other, [UUID_A])
-    priority_board.set_priority(str(state_dir), NAME, [UUID_A, UUID_B], 0)
-    priority_board.set_priority(str(state_dir), other, [UUID_A], 0)
-    # the state says `other` is low priority now, and NAME holds only UUID_A
+def test_release_and_sweep_leave_only_live_entries(state_dir):
+    other, gone = f"other@{'1' * 16}", f"gone@{'2' * 16}"
+    for name in (other, gone):
+        store.make_dirs(str(state_dir), name)
+        boards.make_stamps(str(state_dir), name, [UUID_A])
+        boards.join(str(state_dir), name, [UUID_A])
+    boards.join(str(state_dir), NAME, [UUID_A, UUID_B])
+    boards.set_priority(str(state_dir), NAME, [UUID_A, UUID_B], 0)
+    boards.set_priority(str(state_dir), other, [UUID_A], 0)
+    # the state says `other` is low priority now, NAME holds only UUID_A, `gone` is gone
     allocations = {NAME: {"priority": 0, "devices": [{"uuid": UUID_A}]},
                    other: {"priority": 1, "devices": [{"uuid": UUID_A}]}}
-    priority_board.sweep(str(state_dir), allocations)
+    boards.sweep(str(state_dir), allocations)
     assert os.listdir(state_dir / "priority" / UUID_A) == [NAME]
     assert os.listdir(state_dir / "priority" / UUID_B) == []
+    assert sorted(os.listdir(state_dir / "activity" / UUID_A)) == sorted([NAME, other])
+    assert os.listdir(state_dir / "activity" / UUID_B) == []
     with store.transaction(str(state_dir), reconcile=False) as state:
         state.release(NAME)
     assert os.listdir(state_dir / "priority" / UUID_A) == []
+    assert os.listdir(state_dir / "activity" / UUID_A) == [other]
 
 
 # ---- through the create path (runc, the simulated GPU) ----
 
-def board_entries(node):
-    root = node.state_dir / "priority"
+def board_entries(node, board="priority"):
+    root = node.state_dir / board
     return {uuid: sorted(os.listdir(root / uuid)) for uuid in os.listdir(root)} if root.exists() else {}
 
 
@@ -161,6 +174,8 @@ def test_create_links_only_high_priority_and_delete_unlinks(node, priority, link
     uuid = alloc["devices"][0]["uuid"]
     own = node.state_dir / "containers" / name / "activity" / uuid
     assert own.read_bytes() == bytes(64)
+    assert board_entries(node, "activity") == {uuid: [name]}
+    assert same_file(node.state_dir / "activity" / uuid / name, own)
     if linked:
         assert board_entries(node) == {uuid: [name]}
         assert same_file(node.state_dir / "priority" / uuid / name, own)
@@ -169,12 +184,14 @@ def test_create_links_only_high_priority_and_delete_unlinks(node, priority, link
 
     spec = spec_of(bundle)
     mounts = {m["destination"]: m for m in spec["mounts"]}
-    board = mounts["/usr/local/vgpu/priority"]
-    assert board["source"] == str(node.state_dir / "priority") and "ro" in board["options"]
+    for board in ("priority", "activity"):
+        mounted = mounts[f"/usr/local/vgpu/{board}"]
+        assert mounted["source"] == str(node.state_dir / board) and "ro" in mounted["options"]
     assert "rw" in mounts["/usr/local/vgpu/shared"]["options"]
 
     assert node.runtime("delete", "c").returncode == 0
-    assert all(name not in names for names in board_entries(node).values())
+    for board in ("priority", "activity"):
+        assert all(name not in names for names in board_entries(node, board).values())
     assert not (node.state_dir / "containers" / name).exists()
 
 
@@ -205,39 +222,21 @@ def test_a_high_priority_container_sees_the_board_read_only(node):
     assert "board-writable" not in proc.stdout and "stamp-writable" in proc.stdout, out
 
 
-ROOT = Path(__file__).resolve().parents[2]
-SM_LOAD = ROOT / "build" / "tests" / "sm" / "sm_load"
-
-
 @pytest.mark.timeout(300)
 def test_low_priority_container_waits_for_a_high_priority_one(node):
     """The whole chain, two containers on one GPU: the low one's kernel loop
     nearly stops while the high one works and goes on after it. Direction only."""
-    subprocess.run(["make", "-s", "-C", str(ROOT), "sm-tests"], check=True, timeout=240,
-                   stdout=subprocess.DEVNULL)
-    shutil.copy2(SM_LOAD, node.rootfs / "bin" / "sm_load")
     uuid = json.loads(node.hamictl("gpus", "--json").stdout)[0]["uuid"]
     start_at = time.monotonic_ns() + int(2e9)
 
     def container(cid, priority, at_s, seconds):
-        bundle = node.bundle(cid, {"hami.io/gpumem": "1000", "hami.io/gpu-uuid": uuid,
-                                   "hami.io/priority": priority},
-                             args=("sm_load", "-u", "10000", "-t", str(seconds),
-                                   "-s", str(start_at + int(at_s * 1e9))))
-        out = open(node.tmp / f"{cid}.out", "wb")
-        proc = subprocess.Popen(node.runtime_argv("run", "--bundle", str(bundle), cid),
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=node.env, cwd=node.tmp)
-        return proc, out
+        return node.start_load(cid, {"hami.io/gpumem": "1000", "hami.io/gpu-uuid": uuid,
+                                     "hami.io/priority": priority}, seconds, start_at + int(at_s * 1e9))
 
     low = container("low", "1", 0.0, 5.0)
     time.sleep(max(0.0, (start_at - time.monotonic_ns()) / 1e9 + 1.5))
     high = container("high", "0", 2.0, 1.5)
-    results = {}
-    for cid, (proc, out) in (("high", high), ("low", low)):
-        assert proc.wait(60) == 0, (node.tmp / f"{cid}.out").read_text()
-        out.close()
-        results[cid] = json.loads((node.tmp / f"{cid}.out").read_text().strip().splitlines()[-1])
+    results = {cid: node.load_result(cid, proc, 60) for cid, proc in (("high", high), ("low", low))}
     tenths = results["low"]["per_tenth"]
     began = 2.0 + results["high"]["ready_s"]     # the high one launches once it is ready
 

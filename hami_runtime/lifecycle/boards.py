@@ -1,4 +1,4 @@
-"""The priority board: which containers' work counts as high priority on each GPU.
+"""The boards: which containers work on each GPU, and whose work is high priority.
 
 Every GPU container has one activity stamp per granted GPU, a zeroed file of
 STAMP_BYTES in its own region dir (mounted read-write, so its processes can
@@ -6,15 +6,18 @@ stamp it):
 
   <state_dir>/containers/<name>/activity/<gpu uuid>
 
-The board holds, per GPU, a hard link to the stamp of each high-priority
-(priority 0) container there:
+Two boards hold, per GPU, hard links to stamps:
 
-  <state_dir>/priority/<gpu uuid>/<name>
+  <state_dir>/activity/<gpu uuid>/<name>   every GPU container there (the
+                                           `default` SM policy asks whether
+                                           another container works)
+  <state_dir>/priority/<gpu uuid>/<name>   the high-priority (priority 0) ones
+                                           (low-priority work waits for theirs)
 
-It is mounted read-only into every GPU container (libvgpu reads it; see
-libvgpu_src/priority.h). Only the host links or unlinks, so a container can
-write its own stamp but cannot make it count, and a change of priority is one
-link or unlink, seen by running processes within 100 ms.
+Both are mounted read-only into every GPU container (libvgpu reads them; see
+libvgpu_src/activity.h). Only the host links or unlinks, so a container can
+write its own stamp but cannot reach another's, nor add itself to a board; a
+change of priority is one link or unlink, seen by running processes within 100 ms.
 
 Names and UUIDs are checked before they reach a path; directories are opened
 without following symlinks, and a stamp that is not a regular file is never
@@ -31,7 +34,8 @@ from ..chars import gpu_uuid
 from ..errors import HamiError
 from . import store
 
-BOARD_DIR = "priority"        # under the state dir
+ACTIVITY = "activity"         # the activity board, under the state dir
+PRIORITY = "priority"         # the priority board, likewise
 STAMP_DIR = "activity"        # under containers/<name>/
 STAMP_BYTES = 64              # libvgpu_src/priority.h: HAMI_STAMP_BYTES
 PRIORITIES = (0, 1)           # 0 high, 1 low
@@ -39,8 +43,8 @@ STALE_TEMP_S = 60
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def board_root(state_dir: str) -> str:
-    return os.path.join(state_dir, BOARD_DIR)
+def board_root(state_dir: str, board: str) -> str:
+    return os.path.join(state_dir, board)
 
 
 def _uuids(gpu_uuids) -> list[str]:
@@ -66,8 +70,8 @@ def _open_dir(parent_fd: int, name: str, create: bool = False) -> int | None:
 
 
 @contextlib.contextmanager
-def _board(state_dir: str, create: bool):
-    fd = store.subdir_fd(state_dir, BOARD_DIR, create=create)
+def _board(state_dir: str, board: str, create: bool):
+    fd = store.subdir_fd(state_dir, board, create=create)
     try:
         yield fd
     finally:
@@ -152,40 +156,53 @@ def _link(activity: int, uuid: str, gpu_fd: int, name: str) -> None:
                 os.unlink(tmp, dir_fd=gpu_fd)
 
 
-def set_priority(state_dir: str, name: str, gpu_uuids, priority: int) -> None:
-    """Make the board say it: with priority 0, the container's stamps on its
-    GPUs (and no others) are linked; with 1, none is. Idempotent; create and
-    `hamictl update --priority` come through here (release through clear)."""
-    store.check_name(name)
-    uuids = _uuids(gpu_uuids)
-    if priority not in PRIORITIES or isinstance(priority, bool):
-        raise HamiError("priority", priority, "must be 0 (high) or 1 (low)")
-    wanted = set(uuids) if priority == 0 else set()
-
+def _link_only(state_dir: str, board: str, name: str, uuids: list[str], wanted: set[str]) -> None:
+    """Make `board` say it: the container's stamps on the GPUs in `wanted`, and
+    on no other GPU. Idempotent."""
     def drop_unwanted(uuid, gpu_fd):
         if uuid not in wanted:
             store.remove_at(gpu_fd, name)
 
-    with _board(state_dir, create=True) as board:
-        _each_gpu_dir(board, drop_unwanted)
+    with _board(state_dir, board, create=True) as board_fd:
+        _each_gpu_dir(board_fd, drop_unwanted)
         if not wanted:
             return
         with _stamps(state_dir, name, create=False) as activity:
             if activity is None:
                 return
             for uuid in uuids:
-                gpu_fd = _open_dir(board, uuid, create=True)
-                try:
-                    _link(activity, uuid, gpu_fd, name)
-                finally:
-                    os.close(gpu_fd)
+                if uuid in wanted:
+                    gpu_fd = _open_dir(board_fd, uuid, create=True)
+                    try:
+                        _link(activity, uuid, gpu_fd, name)
+                    finally:
+                        os.close(gpu_fd)
+
+
+def join(state_dir: str, name: str, gpu_uuids) -> None:
+    """The container's stamps on the activity board of each of its GPUs (create)."""
+    store.check_name(name)
+    uuids = _uuids(gpu_uuids)
+    _link_only(state_dir, ACTIVITY, name, uuids, set(uuids))
+
+
+def set_priority(state_dir: str, name: str, gpu_uuids, priority: int) -> None:
+    """Make the priority board say it: with priority 0, the container's stamps on its
+    GPUs (and no others) are linked; with 1, none is. Idempotent; create and
+    `hamictl update --priority` come through here (release through clear)."""
+    store.check_name(name)
+    uuids = _uuids(gpu_uuids)
+    if priority not in PRIORITIES or isinstance(priority, bool):
+        raise HamiError("priority", priority, "must be 0 (high) or 1 (low)")
+    _link_only(state_dir, PRIORITY, name, uuids, set(uuids) if priority == 0 else set())
 
 
 def clear(state_dir: str, name: str) -> None:
-    """The container's entries leave the board (its allocation is freed)."""
-    with _board(state_dir, create=False) as board:
-        if board is not None:
-            _each_gpu_dir(board, lambda _, gpu_fd: store.remove_at(gpu_fd, name))
+    """The container's entries leave both boards (its allocation is freed)."""
+    for board in (ACTIVITY, PRIORITY):
+        with _board(state_dir, board, create=False) as board_fd:
+            if board_fd is not None:
+                _each_gpu_dir(board_fd, lambda _, gpu_fd: store.remove_at(gpu_fd, name))
 
 
 def _drop_stale_temp(gpu_fd: int, entry: str) -> None:
@@ -197,20 +214,22 @@ def _drop_stale_temp(gpu_fd: int, entry: str) -> None:
 
 
 def sweep(state_dir: str, allocations: dict[str, dict]) -> None:
-    """Entries that no high-priority allocation on that GPU owns go (a crash
-    between steps, an entry turned invalid). GPU dirs stay: containers have the
-    board mounted and see new entries in them."""
-    with _board(state_dir, create=False) as board:
-        if board is not None:
-            _each_gpu_dir(board, lambda uuid, gpu_fd: _sweep_gpu(uuid, gpu_fd, allocations))
+    """Entries that no allocation on that GPU owns go (a crash between steps, an
+    entry turned invalid), and from the priority board those of a low-priority
+    one. GPU dirs stay: containers have the boards mounted and see new entries
+    in them."""
+    for board in (ACTIVITY, PRIORITY):
+        with _board(state_dir, board, create=False) as board_fd:
+            if board_fd is not None:
+                _each_gpu_dir(board_fd, lambda uuid, gpu_fd: _sweep_gpu(board, uuid, gpu_fd, allocations))
 
 
-def _sweep_gpu(uuid: str, gpu_fd: int, allocations: dict[str, dict]) -> None:
+def _sweep_gpu(board: str, uuid: str, gpu_fd: int, allocations: dict[str, dict]) -> None:
     for entry in os.listdir(gpu_fd):
         if entry.startswith("."):
             _drop_stale_temp(gpu_fd, entry)
             continue
         owner = allocations.get(entry)
-        if owner is None or owner.get("priority") != 0 or \
+        if owner is None or (board == PRIORITY and owner.get("priority") != 0) or \
                 uuid not in {d.get("uuid") for d in owner.get("devices", ())}:
             store.remove_at(gpu_fd, entry)

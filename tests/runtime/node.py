@@ -1,0 +1,195 @@
+"""A node for tests and benchmarks that drive hami-runtime with real runc on the
+simulated GPU: a busybox (+ glibc) rootfs with the test programs, a runc spec
+template, a private copy of the simulated driver root, and Node (one node's
+config, state dir, runc root, bundles, commands). Plain functions: the fixtures
+in conftest.py wrap them, bench/sm_accuracy.py uses them directly."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from tests.conftest import BUILD, LIBVGPU, ROOT, SIM, PidService
+
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+SM_LOAD = BUILD / "tests" / "sm" / "sm_load"  # tests/libvgpu/sm_load.c: a kernel loop that counts
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+SIM_CONFIG = SIM / "hami.toml"
+CUDA_ALLOC = BUILD / "runtime-tests" / "cuda_alloc"
+RUNTIME = [sys.executable, "-m", "hami_runtime"]
+LAUNCHER = BUILD / "hami-runtime"  # the C front (make build); falls back to RUNTIME
+HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl import main; sys.exit(main())"]
+APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink",
+           "dd", "rm", "mv", "ln", "cp", "truncate", "mount", "umount")
+TIMEOUT = 60
+
+
+def sim_missing():
+    """The first of what `make build sim` makes that is missing, or None."""
+    return next((p for p in (SIM_CONFIG, SIM / "lib" / "libnvidia-ml.so.1", SIM / "lib" / "libcuda.so.1",
+                             LIBVGPU) if not p.exists()), None)
+
+
+def copy_sim(root):
+    """A private copy of the simulated driver root and libvgpu, so that a
+    rebuild of build/ while they run cannot change them underfoot."""
+    for sub in ("lib", "bin", "etc"):
+        shutil.copytree(SIM / sub, root / sub, symlinks=True)
+    shutil.copy2(LIBVGPU, root / "libvgpu.so")
+    return root
+
+
+def make_rootfs(root):
+    """busybox, glibc (the host's, at its paths) and the test programs."""
+    (root / "bin").mkdir()
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    for lib in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"):
+        if os.path.exists(lib):
+            target = root / lib.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(lib), target)
+    if CUDA_ALLOC.exists():
+        shutil.copy2(CUDA_ALLOC, root / "bin" / "cuda_alloc")
+    subprocess.run(["make", "-s", "-C", str(ROOT), "sm-tests"], check=True, timeout=240,
+                   stdout=subprocess.DEVNULL)
+    shutil.copy2(SM_LOAD, root / "bin" / "sm_load")
+    for d in ("proc", "sys", "dev", "tmp", "etc"):
+        (root / d).mkdir(exist_ok=True)
+    for d in [root] + [p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()]:
+        d.chmod(0o755)  # any container user may walk it
+    (root / "tmp").chmod(0o1777)
+    return root
+
+
+def spec_template(where):
+    subprocess.run([RUNC, "spec"], cwd=where, check=True, timeout=TIMEOUT)
+    spec = json.loads((where / "config.json").read_text())
+    spec["process"]["terminal"] = False
+    return spec
+
+
+class Node:
+    """One test's node: config, state dir, runc root, bundles, commands."""
+
+    def __init__(self, tmp, rootfs, template, sim_root):
+        self.tmp = tmp
+        self.sim_root = sim_root
+        self.sim_state = tmp / "simstate"  # the simulator's cross-process state, this test's own
+        self.sim_state.mkdir()
+        self.sim_state.chmod(0o1777)
+        # containers' processes learn their host pids from it, as a real driver knows them
+        self.pids = PidService(self.sim_state)
+        self.rootfs = rootfs
+        self.template = template
+        self.state_dir = tmp / "state"
+        self.runc_root = tmp / "runc-root"
+        self.config = tmp / "hami.toml"
+        self.write_config()
+
+    def write_config(self, **overrides):
+        text = SIM_CONFIG.read_text().replace(str(SIM / "state"), str(self.state_dir))
+        for sub in ("lib", "bin", "etc"):
+            text = text.replace(f"{SIM}/{sub}/", f"{self.sim_root}/{sub}/")
+        text = text.replace(f'"{SIM}"', f'"{self.sim_root}"')
+        text = text.replace(f'"{SIM}/shared"', f'"{self.sim_state}"')
+        text = text.replace(str(LIBVGPU), str(self.sim_root / "libvgpu.so"))
+        lines = []
+        for line in text.splitlines():
+            key = line.split("=", 1)[0].strip()
+            if key in overrides:
+                continue
+            lines.append(line)
+        head = [f"{k} = {json.dumps(v)}" for k, v in overrides.items()]
+        self.config.write_text("\n".join(head + lines) + "\n")
+
+    @property
+    def env(self):
+        env = dict(os.environ)
+        env["HAMI_CONFIG"] = str(self.config)
+        env["HAMI_SIM_STATE"] = str(self.sim_state / "gpu.state")
+        return env
+
+    def bundle(self, name, annotations=None, env=(), args=("sleep", "60")):
+        path = self.tmp / "bundles" / name
+        path.mkdir(parents=True)
+        spec = json.loads(json.dumps(self.template))
+        spec["root"] = {"path": str(self.rootfs), "readonly": False}
+        spec["process"]["args"] = list(args)
+        spec["process"]["env"] += list(env)
+        if annotations:
+            spec["annotations"] = dict(annotations)
+        (path / "config.json").write_text(json.dumps(spec, indent=2))
+        return path
+
+    def runtime_argv(self, *args, log_format=None, cmd=None):
+        argv = list(cmd or RUNTIME) + ["--root", str(self.runc_root), "--log", str(self.tmp / "runc.log")]
+        if log_format:
+            argv += ["--log-format", log_format]
+        return argv + list(args)
+
+    def runtime(self, *args, log_format=None, timeout=TIMEOUT, cmd=None, env=None):
+        """hami-runtime with our root; stdio are files, never pipes (create's
+        container inherits them)."""
+        argv = self.runtime_argv(log_format=log_format, cmd=cmd)
+        out, err = self.tmp / "out", self.tmp / "err"
+        with open(out, "wb") as o, open(err, "wb") as e:
+            proc = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, stdout=o, stderr=e,
+                                  env={**self.env, **(env or {})}, timeout=timeout, cwd=self.tmp)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(),
+                                           err.read_text())
+
+    def create(self, cid, bundle, **kw):
+        return self.runtime("create", "--bundle", str(bundle), cid, **kw)
+
+    def start_load(self, cid, annotations, seconds, start_at, kernel_us=10000):
+        """A container running sm_load (kernels of `kernel_us`, counted over `seconds`
+        from `start_at`, CLOCK_MONOTONIC ns), in the background; load_result() ends it."""
+        bundle = self.bundle(cid, annotations, args=("sm_load", "-u", str(kernel_us), "-t", str(seconds),
+                                                     "-s", str(start_at)))
+        out = open(self.tmp / f"{cid}.out", "wb")
+        proc = subprocess.Popen(self.runtime_argv("run", "--bundle", str(bundle), cid),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=self.env, cwd=self.tmp)
+        out.close()
+        return proc
+
+    def load_result(self, cid, proc, timeout=120):
+        """sm_load's report (tests/libvgpu/sm_load.c) once its container has run."""
+        text = lambda: (self.tmp / f"{cid}.out").read_text()
+        assert proc.wait(timeout) == 0, text()
+        return json.loads(text().strip().splitlines()[-1])
+
+    def hamictl(self, *args):
+        proc = subprocess.run(HAMICTL + list(args), capture_output=True, text=True, env=self.env,
+                              timeout=TIMEOUT)
+        return proc
+
+    def ps(self):
+        proc = self.hamictl("ps", "--json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def state(self):
+        try:
+            return json.loads((self.state_dir / "allocations.json").read_text())
+        except FileNotFoundError:
+            return {"allocations": {}}
+
+    def allocations(self):
+        """container id -> entry (this node's tests use one runc root)."""
+        return {e["id"]: e for e in self.state()["allocations"].values()}
+
+    def containers(self):
+        proc = subprocess.run([RUNC, "--root", str(self.runc_root), "list", "-q"],
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        return proc.stdout.split()
+
+    def cleanup(self):
+        for cid in self.containers():
+            subprocess.run([RUNC, "--root", str(self.runc_root), "delete", "-f", cid],
+                           capture_output=True, timeout=TIMEOUT)
+        self.pids.stop()
+
+
