@@ -6,9 +6,11 @@ allocation, in process), and 100 processes starting at once (p50/p99 of each
 process's init, and of spawn-to-exit wall time). Prints markdown tables.
 
 Setups, interleaved: the driver alone; libvgpu in bare use (limits from the env,
-a shared region file); libvgpu as in a runtime-made container (its limits file
-read-only at the runtime's path, scripts/runtime-made.sh: needs root); and, with
---baseline, another build of libvgpu in bare use (e.g. the tree before a change).
+a shared region file, no boards); libvgpu as in a runtime-made container (its
+limits file read-only at the runtime's path, its activity stamps and both boards
+as the runtime makes them, a neighbour's entry on the activity board,
+scripts/runtime-made.sh: needs root); and, with --baseline, another build of
+libvgpu in bare use (e.g. the tree before a change).
 
     python bench/libvgpu_overhead.py [--calls N] [--repeats R] [--procs P] [--baseline LIBVGPU]
 """
@@ -32,6 +34,7 @@ SIM_LIB = BUILD / "sim" / "lib"
 
 RUNTIME_MADE = ROOT / "scripts" / "runtime-made.sh"
 MIB = 1 << 20
+STAMP_BYTES = 64  # libvgpu_src/activity.h
 
 
 class Setup:
@@ -53,7 +56,16 @@ class Setup:
                                    timeout=60, check=True).stdout.split()
             region.create_limits(work / "limits", [region.DeviceLimit(u, 8192 * MIB, 0) for u in uuids])
             region.create_region(work / "vgpu.region")
-            self.prefix = [str(RUNTIME_MADE), str(work / "limits"), str(work), "", "ro"]
+            boards = work / "boards"
+            for uuid in uuids:   # a low-priority container with one neighbour on each GPU
+                for name in ("activity", "neighbour"):
+                    (work / name).mkdir(exist_ok=True)
+                    (work / name / uuid).write_bytes(bytes(STAMP_BYTES))
+                for board in ("activity", "priority"):
+                    (boards / board / uuid).mkdir(parents=True)
+                os.link(work / "activity" / uuid, boards / "activity" / uuid / "ours")
+                os.link(work / "neighbour" / uuid, boards / "activity" / uuid / "neighbour")
+            self.prefix = [str(RUNTIME_MADE), str(work / "limits"), str(work), str(boards), "ro"]
         elif libvgpu:
             self.env.update(CUDA_DEVICE_MEMORY_LIMIT="8g", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / "vgpu.region"))
 

@@ -29,9 +29,19 @@ low one ran again (three tenths averaging at least 90 %); the high one's queue
 launch of the low one completed (sm_load waits for each; launched = retired).
 In the pair, the low one keeps the GPU busy from 2 s before the high one starts.
 
-    .venv/bin/python bench/sm_accuracy.py [--seconds 10] [--kernel-us 10000] [--only priority]
+Containers (--only containers): the same kernel loop in containers made by
+hami-runtime with real runc on one simulated card (each in its own pid
+namespace, as workloads run), an unlimited container on the node's other card
+as the reference in the same seconds: two busy containers at 30+30 and 20+80 %
+under `default` and under `force`, three at 20+30+40 % under `default`, one
+alone under `default`, in kernels per second and in % of the reference (as root:
+runc). Its window and kernel are --container-seconds (8) and --container-kernel-us
+(1000: the figures the `default` policy was first measured with between containers).
+
+    .venv/bin/python bench/sm_accuracy.py [--seconds 10] [--kernel-us 10000] [--only priority|containers]
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -39,7 +49,8 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "libvgpu"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests" / "libvgpu"), str(ROOT)]
 import sm_load  # noqa: E402
 from sm_load import Load  # noqa: E402
 
@@ -47,7 +58,6 @@ LEVELS = [10, 30, 60, 100]
 SWITCH_RUNS = 3
 NEIGHBOUR_AT, NEIGHBOUR_FOR, SWITCH_WINDOW = 3.0, 3.0, 9.0
 HELD_MARGIN, FREE_LEVEL, SETTLE = 10.0, 90.0, 3
-PRIORITY_UUID = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"   # the simulator's card 0
 PRIORITY_IDLE_MS = 200
 PAUSED_LEVEL = 10.0
 
@@ -61,17 +71,15 @@ def first_tenth(tenths: list[float], after: float, ok) -> float:
 
 
 def priority_load(work: Path, name: str, high: bool) -> Load:
-    """A container on the priority board (as hami_runtime/lifecycle/priority_board.py makes it)."""
-    board = work / "board" / PRIORITY_UUID
+    """A container on the priority board (as hami_runtime/lifecycle/boards.py makes it)."""
+    board = work / "board" / sm_load.CARD_UUID
     board.mkdir(parents=True, exist_ok=True)
-    stamps = work / f"stamps-{name}"
-    stamps.mkdir()
-    (stamps / PRIORITY_UUID).write_bytes(bytes(64))
+    load = Load(region=work / f"{name}.region", env=(
+        ("CUDA_PRIORITY_BOARD", str(work / "board")), ("CUDA_PRIORITY_IDLE_MS", str(PRIORITY_IDLE_MS))))
+    stamp = sm_load.container_stamp(load.region)
     if high:
-        os.link(stamps / PRIORITY_UUID, board / name)
-    return Load(region=work / f"{name}.region", env=(
-        ("CUDA_PRIORITY_BOARD", str(work / "board")), ("CUDA_PRIORITY_STAMP_DIR", str(stamps)),
-        ("CUDA_PRIORITY_IDLE_MS", str(PRIORITY_IDLE_MS))))
+        os.link(stamp, board / name)
+    return load
 
 
 def neighbour_run(work: Path, ours: Load, other: Load, tag: str, kernel_us: int):
@@ -144,6 +152,53 @@ def priority_section(work: Path, seconds: int, kernel_us: int) -> None:
               f"| {result['launched']} |")
 
 
+CONTAINER_SPLITS = [("30 + 30", [30, 30], ("default", "force")), ("20 + 80", [20, 80], ("default", "force")),
+                    ("20 + 30 + 40", [20, 30, 40], ("default",)), ("30 alone", [30], ("default",))]
+
+
+def containers_together(node, cores, policy, seconds, kernel_us) -> tuple[list[dict], dict]:
+    """Containers with these SM shares busy on card 0 and the reference on card 1,
+    one window: their reports and the reference's."""
+    cards = [g["uuid"] for g in json.loads(node.hamictl("gpus", "--json").stdout)]
+    start_at = time.monotonic_ns() + int(2.0 * 1e9)    # containers start and make contexts first
+    tag = uuid.uuid4().hex[:8]
+    procs = [(f"c{i}-{tag}", node.start_load(f"c{i}-{tag}", {
+        "hami.io/gpumem": "1000", "hami.io/gpu-uuid": cards[0], "hami.io/gpucores": str(share),
+        "hami.io/core-policy": policy}, seconds, start_at, kernel_us)) for i, share in enumerate(cores)]
+    ref = node.start_load(f"ref-{tag}", {"hami.io/gpumem": "1000", "hami.io/gpu-uuid": cards[1]},
+                          seconds, start_at, kernel_us)
+    results = [node.load_result(cid, proc) for cid, proc in procs]
+    return results, node.load_result(f"ref-{tag}", ref)
+
+
+def containers_section(work: Path, seconds: int, kernel_us: int) -> None:
+    from tests.runtime.node import Node, copy_sim, make_rootfs, sim_missing, spec_template
+    if sim_missing():
+        raise SystemExit(f"run `make build sim` first: {sim_missing()} is missing")
+    for sub in ("root", "rootfs", "spec", "node"):
+        (work / sub).mkdir()
+    node = Node(work / "node", make_rootfs(work / "rootfs"), spec_template(work / "spec"), copy_sim(work / "root"))
+    try:
+        print(f"\ncontainers through hami-runtime + runc on one simulated card: kernel {kernel_us} us, "
+              f"window {seconds} s; kernels per second (% of the unlimited reference container on the "
+              "other card, same seconds)\n")
+        print("| busy containers, SM shares % | `default` | `force` |")
+        print("| --- | --- | --- |")
+        for label, cores, policies in CONTAINER_SPLITS:
+            cells = []
+            for policy in ("default", "force"):
+                if policy not in policies:
+                    cells.append("-")
+                    continue
+                results, ref = containers_together(node, cores, policy, seconds, kernel_us)
+                cells.append(" + ".join(f"{r['completed'] / seconds:.0f} ({100.0 * r['completed'] / ref['completed']:.1f} %)"
+                                        for r in results))
+            print(f"| {label} | {cells[0]} | {cells[1]} |")
+        print(f"\nthe reference alone on its card: {ref['completed'] / seconds:.0f} kernels per second")
+    finally:
+        node.cleanup()
+
+
 def switching(work: Path, kernel_us: int, share: int = 30, neighbour: int = 60) -> tuple[float, float]:
     """Seconds from the neighbour's first launch until held, and from its last until free."""
     tag = uuid.uuid4().hex
@@ -158,7 +213,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--kernel-us", type=int, default=sm_load.KERNEL_US)
-    parser.add_argument("--only", choices=["priority"], help="run only this part")
+    parser.add_argument("--container-seconds", type=int, default=8)
+    parser.add_argument("--container-kernel-us", type=int, default=1000)
+    parser.add_argument("--only", choices=["priority", "containers"], help="run only this part")
     args = parser.parse_args()
     sm_load.build()
     with tempfile.TemporaryDirectory(prefix="hami-sm-bench-") as tmp:
@@ -170,8 +227,11 @@ def main() -> int:
         load = os.getloadavg()[0]
         print(f"kernel {args.kernel_us} us, window {args.seconds} s, {os.cpu_count()} CPUs, "
               f"load average {load:.2f} at the start\n")
-        if args.only == "priority":
-            priority_section(work, args.seconds, args.kernel_us)
+        if args.only:
+            section = {"priority": lambda: priority_section(work, args.seconds, args.kernel_us),
+                       "containers": lambda: containers_section(work, args.container_seconds,
+                                                                args.container_kernel_us)}[args.only]
+            section()
             print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
             return 0
         print("| `force` limit % | achieved % | error (points) | jitter (points) | per-second % |")
@@ -209,6 +269,7 @@ def main() -> int:
         for i, (held, free) in enumerate(runs, 1):
             print(f"| run {i} | {held * 1000:.0f} | {free * 1000:.0f} |")
         priority_section(work, args.seconds, args.kernel_us)
+        containers_section(work, args.container_seconds, args.container_kernel_us)
         print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
     return 0
 

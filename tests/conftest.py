@@ -24,11 +24,12 @@ def sim_uuids():
 RUNTIME_MADE = ROOT / "scripts" / "runtime-made.sh"
 
 
-def runtime_made(limits, region_dir, board=None, limits_mount="ro"):
+def runtime_made(limits, region_dir, boards=None, limits_mount="ro"):
     """The argv prefix that runs a program as a process of a runtime-made container
-    finds libvgpu's files (scripts/runtime-made.sh; `limits_mount` "rw": the limits
-    mounted writable, as no runtime mounts them). Needs root, as runc does."""
-    return [str(RUNTIME_MADE), str(limits), str(region_dir), str(board or ""), limits_mount]
+    finds libvgpu's files (scripts/runtime-made.sh: `boards` holds the activity and
+    priority boards; `limits_mount` "rw": the limits mounted writable, as no runtime
+    mounts them). Needs root, as runc does."""
+    return [str(RUNTIME_MADE), str(limits), str(region_dir), str(boards or ""), limits_mount]
 
 
 class PidService:

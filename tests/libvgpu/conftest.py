@@ -47,7 +47,7 @@ class Probe:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def runtime_files(self, devices, core_policy="default", priority=1, board=None):
+    def runtime_files(self, devices, core_policy="default", priority=1, boards=None):
         """Limits and a region made as the runtime makes them; from now on the probe
         runs as a process of a runtime-made container finds them (their fixed paths,
         in a mount namespace of its own), so the env's limits no longer count.
@@ -55,7 +55,7 @@ class Probe:
         from hami_runtime.node import region
         region.create_limits(self.limits, devices, core_policy, priority)
         region.create_region(self.region)
-        self.prefix = runtime_made(self.limits, self.tmp, board)
+        self.prefix = runtime_made(self.limits, self.tmp, boards)
         return region.open_limits(self.limits, writable=True)
 
     def uuids(self):
