@@ -262,13 +262,11 @@ static int64_t active_for(const struct board_view *view, int64_t now, int64_t wi
     return left;
 }
 
-/* The current context's device, opened on first use; NULL when no board applies there. */
-static struct act_dev *act_current(CUdevice *dev_out)
+/* Device `dev`, opened on first use; NULL when no board applies there. */
+static struct act_dev *act_device(CUdevice dev)
 {
     pthread_once(&act_once, act_init_once);
-    CUresult (*get_device)(CUdevice *) = HAMI_DRIVER(cuCtxGetDevice);
-    CUdevice dev;
-    if (!get_device || get_device(&dev) != CUDA_SUCCESS || dev < 0 || dev >= ACT_MAX_ORDINALS)
+    if (dev < 0 || dev >= ACT_MAX_ORDINALS)
         return NULL;
     struct act_dev *p = &act[dev];
     int state = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);
@@ -279,9 +277,19 @@ static struct act_dev *act_current(CUdevice *dev_out)
         state = p->state;
         pthread_mutex_unlock(&p->lock);
     }
+    return state == ACT_ON ? p : NULL;
+}
+
+/* The current context's device, as act_device. */
+static struct act_dev *act_current(CUdevice *dev_out)
+{
+    CUresult (*get_device)(CUdevice *) = HAMI_DRIVER(cuCtxGetDevice);
+    CUdevice dev;
+    if (!get_device || get_device(&dev) != CUDA_SUCCESS)
+        return NULL;
     if (dev_out)
         *dev_out = dev;
-    return state == ACT_ON ? p : NULL;
+    return act_device(dev);
 }
 
 static void act_stamp(struct act_dev *p, int64_t now)
@@ -356,6 +364,17 @@ void hami_activity_running_slow(void)
     struct act_dev *p = act_current(NULL);
     if (p && p->own)
         act_stamp(p, hami_now_ns());
+}
+
+int hami_activity_lock(CUdevice dev)
+{
+    struct act_dev *p = act_device(dev);
+    if (!p || board_fds[BOARD_ACTIVITY] < 0)
+        return -1;
+    char what[HAMI_UUID_LEN + 32];
+    snprintf(what, sizeof what, "activity board %s", p->uuid);
+    return hami_flock_bounded(openat(board_fds[BOARD_ACTIVITY], p->uuid,
+                                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), what);
 }
 
 int hami_activity_others(int64_t window_ns)

@@ -87,6 +87,12 @@ static inline void hami_activity_still_running(void)
         hami_activity_running_slow();
 }
 
+/* A node-wide lock on device `dev` among every container on the activity board
+ * (a flock on its GPU dir there, which all of them share, read-only): context
+ * creations of two containers on one GPU then never overlap, so each one's
+ * measurement sees only its own. -1 when there is no board; hami_unlock drops it. */
+int hami_activity_lock(CUdevice dev);
+
 /* Whether another container's work is active on the current context's device,
  * stamped within the last `window_ns` (or waited for now): 1 yes, 0 no, -1 not
  * known (no activity board, or the device is not on it). */

@@ -2,6 +2,7 @@
  * (NVML, which needs no context) before and after the driver creates one. A
  * context the limit cannot hold is destroyed again and refused. */
 #include "internal.h"
+#include "activity.h"
 #include "hooks.h"
 #include "log.h"
 
@@ -224,11 +225,11 @@ static void drop_primary(CUdevice dev)
     primary[dev].ctx = NULL;
 }
 
-/* One measured creation: the process's ctx_lock, the container's region lock,
- * and the device seen before. */
+/* One measured creation: the process's ctx_lock, the container's region lock, the
+ * GPU's lock among containers (activity.h; in this order), and the device seen before. */
 struct creation {
     int index;
-    int region_fd;
+    int region_fd, gpu_fd;
     nvmlDevice_t handle;
     struct snapshot before;
 };
@@ -237,10 +238,11 @@ static void creation_begin(struct creation *c, CUdevice dev, int index)
 {
     c->index = index;
     pthread_mutex_lock(&ctx_lock);
-    c->region_fd = -1;
+    c->region_fd = c->gpu_fd = -1;
     c->handle = NULL;
     if (index >= 0) {
         c->region_fd = hami_region_lock();
+        c->gpu_fd = hami_activity_lock(dev);
         c->handle = nvml_handle(dev);
         take_snapshot(c->handle, &c->before);
     }
@@ -256,7 +258,8 @@ static uint64_t creation_size(struct creation *c)
 
 static void creation_end(struct creation *c)
 {
-    hami_region_unlock(c->region_fd);
+    hami_unlock(c->gpu_fd);
+    hami_unlock(c->region_fd);
     pthread_mutex_unlock(&ctx_lock);
 }
 

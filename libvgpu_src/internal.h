@@ -59,9 +59,12 @@ int hami_cuda_uuid(CUdevice dev, char *out, size_t len);
 int hami_region_nvml_index(nvmlDevice_t dev);
 /* How many slots may hold usage (slots beyond were never claimed). */
 int hami_region_procs_high(struct hami_region *r);
+/* flock(fd, LOCK_EX), waiting at most 2 s for a holder that is stopped; the fd, or -1
+ * (fd closed, one warning naming `what`) when it is not had. hami_unlock drops it. */
+int hami_flock_bounded(int fd, const char *what);
+void hami_unlock(int fd);
 /* A container-wide lock (flock on the region file; -1 when there is none). */
 int hami_region_lock(void);
-void hami_region_unlock(int fd);
 /* Frees the slots of processes that are gone; returns how many. */
 int hami_region_reclaim_dead(void);
 /* True when `pid` is one of the container's live processes (its slot pid or host pid). */

@@ -276,24 +276,20 @@ int hami_refused(void)
     return g_refused;
 }
 
-/* Serialises context creation among the container's processes: a flock on the
- * region file, which the kernel drops when its holder dies. A fresh descriptor
- * each time, so a forked child never shares its parent's lock. A holder that is
- * stopped (not dead) is waited for at most LOCK_WAIT_MS: then we go on without the
- * lock (a measurement may be blurred) rather than hang. */
+/* Context creation is serialised with flocks, which the kernel drops when their
+ * holder dies: a fresh descriptor each time, so a forked child never shares its
+ * parent's lock. A holder that is stopped (not dead) is waited for at most
+ * LOCK_WAIT_MS: then we go on without the lock (a measurement may be blurred)
+ * rather than hang. */
 #define LOCK_WAIT_MS 2000
 
-int hami_region_lock(void)
+int hami_flock_bounded(int fd, const char *what)
 {
-    if (!hami_region_get() || !hami_config.region_path)
-        return -1;
-    int fd = open(hami_config.region_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
     for (int waited = 0; flock(fd, LOCK_EX | LOCK_NB) < 0; waited++) {
         if ((errno != EWOULDBLOCK && errno != EINTR) || waited >= LOCK_WAIT_MS) {
-            hami_warn("region %s: lock not had in %d ms; measuring without it",
-                      hami_config.region_path, LOCK_WAIT_MS);
+            hami_warn("%s: lock not had in %d ms; measuring without it", what, LOCK_WAIT_MS);
             close(fd);
             return -1;
         }
@@ -303,7 +299,16 @@ int hami_region_lock(void)
     return fd;
 }
 
-void hami_region_unlock(int fd)
+/* Among the container's processes: the region file. */
+int hami_region_lock(void)
+{
+    if (!hami_region_get() || !hami_config.region_path)
+        return -1;
+    int fd = open(hami_config.region_path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    return hami_flock_bounded(fd, hami_config.region_path);
+}
+
+void hami_unlock(int fd)
 {
     if (fd >= 0)
         close(fd);   /* drops the lock */

@@ -4,7 +4,10 @@
  *
  *   sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph]
  *           [-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS] [-p THREADS]
+ *           [-c CONTEXT_MONOTONIC_NS]
  *
+ * -c: the context is made at that CLOCK_MONOTONIC time (processes started
+ * together then make theirs at once).
  * THREADS threads (default 1) launch at once, each round-robin over the same
  * STREAMS streams (default 1), so threads may share a stream.
  * Completion times come from events recorded after each launch (device time,
@@ -51,7 +54,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph] "
                     "[-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS] "
-                    "[-p THREADS]\n");
+                    "[-p THREADS] [-c CONTEXT_MONOTONIC_NS]\n");
     exit(1);
 }
 
@@ -143,12 +146,12 @@ int main(int argc, char **argv)
 {
     double seconds = 0, warmup = 1.0;
     int nthreads = 1;
-    long long start_at = 0;
+    long long start_at = 0, context_at = 0;
     const char *mode = "kernel";
     int opt;
     cfg.queue = 16;
     cfg.nstreams = 1;
-    while ((opt = getopt(argc, argv, "u:t:d:m:w:s:q:n:p:")) != -1) {
+    while ((opt = getopt(argc, argv, "u:t:d:m:w:s:q:n:p:c:")) != -1) {
         switch (opt) {
         case 'u': cfg.kernel_us = strtoull(optarg, NULL, 10); break;
         case 't': seconds = atof(optarg); break;
@@ -159,6 +162,7 @@ int main(int argc, char **argv)
         case 'q': cfg.queue = atoi(optarg); break;
         case 'n': cfg.nstreams = atoi(optarg); break;
         case 'p': nthreads = atoi(optarg); break;
+        case 'c': context_at = atoll(optarg); break;
         default: usage();
         }
     }
@@ -175,6 +179,11 @@ int main(int argc, char **argv)
     CUmodule mod;
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&dev, cfg.dev_index));
+    if (context_at > now_ns()) {
+        long long wait = context_at - now_ns();
+        struct timespec ts = {wait / 1000000000LL, wait % 1000000000LL};
+        nanosleep(&ts, NULL);
+    }
     CHECK(cuDevicePrimaryCtxRetain(&cfg.ctx, dev));
     CHECK(cuCtxSetCurrent(cfg.ctx));
     CHECK(cuModuleLoadData(&mod, "sim"));

@@ -22,6 +22,7 @@ HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl im
 APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink",
            "dd", "rm", "mv", "ln", "cp", "truncate", "mount", "umount")
 TIMEOUT = 60
+SIM_CONF = "sim.conf"  # a node's simulated-driver config, beside its state file
 
 
 def sim_missing():
@@ -95,6 +96,8 @@ class Node:
         text = text.replace(f'"{SIM}"', f'"{self.sim_root}"')
         text = text.replace(f'"{SIM}/shared"', f'"{self.sim_state}"')
         text = text.replace(str(LIBVGPU), str(self.sim_root / "libvgpu.so"))
+        if (self.sim_state / SIM_CONF).exists():   # containers read it where they find the state
+            text = text.replace("[extra_env]\n", f'[extra_env]\nHAMI_SIM_CONFIG = "/run/hami-sim/{SIM_CONF}"\n')
         lines = []
         for line in text.splitlines():
             key = line.split("=", 1)[0].strip()
@@ -104,11 +107,19 @@ class Node:
         head = [f"{k} = {json.dumps(v)}" for k, v in overrides.items()]
         self.config.write_text("\n".join(head + lines) + "\n")
 
+    def simulate(self, **keys):
+        """The simulated driver's config for this node (tests/simgpu/README.md), its
+        processes on the host and in containers alike."""
+        (self.sim_state / SIM_CONF).write_text("".join(f"{k} = {v}\n" for k, v in keys.items()))
+        self.write_config()
+
     @property
     def env(self):
         env = dict(os.environ)
         env["HAMI_CONFIG"] = str(self.config)
         env["HAMI_SIM_STATE"] = str(self.sim_state / "gpu.state")
+        if (self.sim_state / SIM_CONF).exists():
+            env["HAMI_SIM_CONFIG"] = str(self.sim_state / SIM_CONF)
         return env
 
     def bundle(self, name, annotations=None, env=(), args=("sleep", "60")):
@@ -143,11 +154,12 @@ class Node:
     def create(self, cid, bundle, **kw):
         return self.runtime("create", "--bundle", str(bundle), cid, **kw)
 
-    def start_load(self, cid, annotations, seconds, start_at, kernel_us=10000):
+    def start_load(self, cid, annotations, seconds, start_at, kernel_us=10000, context_at=0):
         """A container running sm_load (kernels of `kernel_us`, counted over `seconds`
-        from `start_at`, CLOCK_MONOTONIC ns), in the background; load_result() ends it."""
+        from `start_at`, its context made at `context_at` if given, CLOCK_MONOTONIC ns),
+        in the background; load_result() ends it."""
         bundle = self.bundle(cid, annotations, args=("sm_load", "-u", str(kernel_us), "-t", str(seconds),
-                                                     "-s", str(start_at)))
+                                                     "-s", str(start_at), "-c", str(context_at)))
         out = open(self.tmp / f"{cid}.out", "wb")
         proc = subprocess.Popen(self.runtime_argv("run", "--bundle", str(bundle), cid),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

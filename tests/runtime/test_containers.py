@@ -157,3 +157,34 @@ def test_top_shows_the_host_pids_of_a_containers_processes(node):
     smi = subprocess.run([str(node.sim_root / "bin" / "nvidia-smi")], capture_output=True, text=True,
                          env={**node.env, "LD_LIBRARY_PATH": str(node.sim_root / "lib")}, timeout=30)
     assert re.search(rf"^\|\s+0\s+{row['pid']}\s+C\s+cuda_alloc", smi.stdout, re.M), smi.stdout
+
+
+def test_containers_starting_together_are_each_charged_their_own_context(node):
+    """Three containers make their contexts at the same moment on one GPU, each
+    creation taking 200 ms as a real driver's do: each is charged its own context
+    once, not its neighbours' too (the driver's count names processes by host pid,
+    which a container cannot see: the creations are serialised across containers,
+    so each one sees only its own process appear)."""
+    from hami_runtime.lifecycle import container_files, store
+    node.simulate(context_us=200000)
+    context = 300 << 20  # the simulated driver's context_mib
+    context_at = time.monotonic_ns() + int(2e9)
+    cids = ("c0", "c1", "c2")
+    procs = {cid: node.start_load(cid, {"hami.io/gpumem": "1000"}, 1.0, context_at + int(1e9),
+                                  context_at=context_at) for cid in cids}
+    charged = {}
+    deadline = time.monotonic() + 20
+    while len(charged) < len(cids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for cid in cids:
+            name = store.alloc_name(str(node.runc_root), cid)
+            try:
+                with container_files.open_region(str(node.state_dir), name) as reg:
+                    slots = reg.processes(1)
+            except Exception:  # not made yet
+                continue
+            if slots and slots[0].devices[0].ctx_used:
+                charged[cid] = [s.devices[0].ctx_used for s in slots]
+    for cid, proc in procs.items():
+        node.load_result(cid, proc)
+    assert charged == {cid: [context] for cid in cids}

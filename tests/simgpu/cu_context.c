@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define CTX_STACK_MAX 64
 
@@ -46,9 +47,11 @@ static uint64_t self_called_bytes(uint64_t bytes)
     return sim_config()->self_calls && bytes >= SIM_PAGE ? SIM_PAGE : 0;
 }
 
-/* Takes the context's device memory and starts its default stream. With
- * `self_calls`, one page of that memory is allocated in the new context through
- * the exported cuMemAlloc_v2 (freed with the context); the total is the same. */
+/* Takes the context's device memory and starts its default stream, in
+ * `context_us` (the memory is taken at once, as a real driver's shows while it
+ * sets the context up). With `self_calls`, one page of that memory is allocated
+ * in the new context through the exported cuMemAlloc_v2 (freed with the
+ * context); the total is the same. */
 static CUresult ctx_start(struct sim_ctx *c)
 {
     uint64_t bytes = sim_config()->context_mib * SIM_MIB, inner = self_called_bytes(bytes);
@@ -56,6 +59,11 @@ static CUresult ctx_start(struct sim_ctx *c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (sim_charge(c->dev, bytes - inner) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t setup_us = sim_config()->context_us;
+    if (setup_us) {
+        struct timespec ts = {(time_t)(setup_us / 1000000), (long)(setup_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     sim_context_count(c->dev, 1);
     c->null_stream = sim_stream_new(c, 0);
     c->active = 1;

@@ -47,6 +47,7 @@ struct sim_config {
     int cuda_version;
     int stale_seconds;                   /* another pid namespace's process: dead after this long without a heartbeat */
     uint64_t kernel_us;                  /* the run time of a kernel of a real image (no duration parameter) */
+    uint64_t context_us;                 /* how long making a context takes (its memory is taken first) */
     int self_calls;                      /* 1: entry points call each other through their exported names */
     uint64_t host_memory_mib;            /* host memory managed allocations may take, machine-wide */
 };

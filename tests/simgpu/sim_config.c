@@ -53,6 +53,7 @@ static int copy_text(const char *text, char *out, size_t size)
     X(cuda_version, 1000, 99999)                                                                    \
     X(stale_seconds, 1, 3600)                                                                       \
     X(kernel_us, 0, 60000000)                                                                       \
+    X(context_us, 0, 60000000)                                                                      \
     X(self_calls, 0, 1)                                                                             \
     X(host_memory_mib, 0, 1ULL << 30)
 #define SIM_TEXT_KEYS(X) X(name) X(driver_version)
