@@ -9,7 +9,7 @@ CC ?= gcc
 CUDA_INCLUDE ?= /usr/local/cuda/include
 BASE_CFLAGS := -O2 -g -fPIC -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE
 
-.PHONY: all build sim deps venv clients test demo bench install clean
+.PHONY: all build sim deps venv clients test demo bench install uninstall deb clean
 all: build
 
 include mk/*.mk
@@ -36,11 +36,6 @@ demo: deps venv build sim
 
 bench: deps venv build sim
 	$(PY) bench/run_all.py
-
-install: build
-	install -D -m 0644 $(BUILD)/libvgpu.so $(DESTDIR)$(PREFIX)/lib/hami/libvgpu.so
-	install -D -m 0644 libvgpu_src/region.h $(DESTDIR)$(PREFIX)/share/hami/region.h
-	python3 -m pip install --prefix $(DESTDIR)$(PREFIX) .
 
 clean:
 	rm -rf $(BUILD)

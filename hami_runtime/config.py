@@ -11,7 +11,7 @@ import sys
 import time
 from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
 
-from . import config_cache
+from . import config_cache, installed
 from .chars import env_name
 from .errors import HamiError
 
@@ -31,7 +31,7 @@ class ExtraMount(namedtuple("ExtraMount", "source destination readonly", default
 DEFAULTS = {
     "runtime": lambda: list(DEFAULT_RUNTIMES),
     "state_dir": lambda: config_cache.DEFAULT_STATE_DIR,
-    "libvgpu": lambda: "/usr/local/lib/hami/libvgpu.so",
+    "libvgpu": lambda: installed.LIBVGPU,  # <prefix>/lib/hami/libvgpu.so of this install
     "split_count": lambda: 10,
     "memory_scaling": lambda: 1.0,
     "default_memory_mib": lambda: 0,   # 0: the whole card (after scaling)

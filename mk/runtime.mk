@@ -43,24 +43,13 @@ $(BUILD)/runtime-tests/cuda_alloc: tests/runtime/cuda_alloc.c libvgpu_src/cuda_a
 # site-packages put on its path (HAMI_PYTHONPATH, ':'-separated).
 build: $(BUILD)/hami-runtime
 LAUNCHER_SRC := hami_runtime/launcher/hami-runtime.c hami_runtime/launcher/hook.c
+LAUNCHER_CC := $(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden
 $(BUILD)/hami-runtime: $(LAUNCHER_SRC) hami_runtime/launcher/hook.h | $(VENV)/.installed
 	@mkdir -p $(dir $@)
 	@pypath="$(abspath .):$$($(PY) -I -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
 	case "$$pypath" in *"'"*|*'"'*|*'\'*) echo "hami-runtime: unusable path for the launcher: $$pypath" >&2; exit 1;; esac; \
 	echo "$(CC) ... -DHAMI_PYTHONPATH='\"$$pypath\"' -o $@ $(LAUNCHER_SRC)"; \
-	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden \
-		-DHAMI_PYTHON='"$(abspath $(PY))"' -DHAMI_PYTHONPATH="\"$$pypath\"" -o $@ $(LAUNCHER_SRC)
-
-# make install: the launcher built for the system python3 that pip installs
-# the package for, as $(PREFIX)/lib/hami/hami-runtime (the console script
-# $(PREFIX)/bin/hami-runtime stays the plain Python entry).
-.PHONY: install-launcher
-install: install-launcher
-install-launcher: $(LAUNCHER_SRC) hami_runtime/launcher/hook.h
-	@mkdir -p $(BUILD)
-	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden \
-		-DHAMI_PYTHON='"$(shell python3 -c 'import sys; print(sys.executable)')"' -o $(BUILD)/hami-runtime.install $(LAUNCHER_SRC)
-	install -D -m 0755 $(BUILD)/hami-runtime.install $(DESTDIR)$(PREFIX)/lib/hami/hami-runtime
+	$(LAUNCHER_CC) -DHAMI_PYTHON='"$(abspath $(PY))"' -DHAMI_PYTHONPATH="\"$$pypath\"" -o $@ $(LAUNCHER_SRC)
 
 # region.py's cffi layout, made once from the same region.h as an out-of-line
 # ABI module (no compiler): importing it skips pycparser. region.py uses it only

@@ -14,7 +14,8 @@
  * createRuntime hook (hook.c).
  *
  * Built with HAMI_PYTHONPATH (make build: this tree and its virtual
- * environment's site-packages), Python starts with -S and these paths put in
+ * environment's site-packages; make install: the installed environment's
+ * site-packages), Python starts with -S and these paths put in
  * front: no site processing (.pth files, the editable-install finder), which
  * is a third of an interpreter start. Without it, `python -I -m hami_runtime`.
  */

@@ -11,8 +11,8 @@ text it was made from; it is used only when that text is the header found
 now byte for byte, otherwise the header is parsed here as before (pycparser is slow to load).
 
 Header lookup order: ``$HAMI_REGION_HEADER``, the source tree's
-``libvgpu_src/region.h`` beside this package, ``<sys.prefix>/share/hami/region.h``
-and ``/usr/local/share/hami/region.h`` (what ``make install`` puts there).
+``libvgpu_src/region.h`` beside this package, and the installed environment's
+``share/hami/region.h`` (what ``make install`` puts there, ``installed.py``).
 """
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ import builtins
 import mmap
 import os
 import stat
-import sys
 import time
 from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+
+from .. import installed
+
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 
 if TYPE_CHECKING:
@@ -52,8 +54,8 @@ def _header_candidates() -> list[str]:
     candidates = [env] if env else []
     tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
     candidates.append(os.path.join(tree, "libvgpu_src", "region.h"))
-    candidates.append(os.path.join(sys.prefix, "share", "hami", "region.h"))
-    candidates.append("/usr/local/share/hami/region.h")
+    if installed.REGION_HEADER:
+        candidates.append(installed.REGION_HEADER)
     return candidates
 
 

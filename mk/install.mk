@@ -1,0 +1,21 @@
+# make install / make uninstall / make deb: the runtime in a Python environment
+# of its own under $(PREFIX)/lib/hami, made with $(PYTHON) (the layout:
+# packaging/install.py). DESTDIR stages the same files for packagers; they name
+# PREFIX, and work once copied there.
+PYTHON ?= python3
+SYSCONFDIR ?= /etc
+DEB_PYTHON ?= /usr/bin/python3
+DEB_DIR ?= $(BUILD)
+DEB_MAINTAINER ?= hami-runtime maintainers <root@localhost>
+INSTALL_ARGS = --prefix '$(PREFIX)' --destdir '$(DESTDIR)' --sysconfdir '$(SYSCONFDIR)'
+LAUNCHER_BUILD = --launcher-cc '$(LAUNCHER_CC) $(LAUNCHER_SRC)' --build '$(BUILD)'
+
+install: build
+	$(PY) packaging/install.py install $(INSTALL_ARGS) --python '$(PYTHON)' $(LAUNCHER_BUILD)
+
+uninstall:
+	python3 packaging/install.py uninstall $(INSTALL_ARGS)
+
+deb: build
+	$(PY) packaging/install.py deb --python '$(DEB_PYTHON)' $(LAUNCHER_BUILD) --out '$(DEB_DIR)' \
+		--maintainer '$(DEB_MAINTAINER)'

@@ -1,0 +1,393 @@
+"""make install, make uninstall and make deb: hami-runtime in an environment of its own.
+
+  install.py install   --prefix P [--destdir D] [--sysconfdir /etc] [--python python3] --launcher-cc CMD
+  install.py uninstall --prefix P [--destdir D] [--sysconfdir /etc]
+  install.py deb       [--python /usr/bin/python3] --launcher-cc CMD --maintainer 'N <A>' [--out DIR]
+
+(CMD: the launcher's compile command with its sources, as make has them.)
+
+The layout under PREFIX (DESTDIR, when given, is only where it is written:
+every installed file names PREFIX, so a DESTDIR tree works once copied there):
+
+  lib/hami/venv/          a Python environment made with PYTHON (never pip into
+                          the system's Python): the pinned dependencies
+                          (packaging/requirements.txt) and the project's wheel,
+                          installed from a wheelhouse under build/ with the build
+                          environment's pip; region.h in its share/hami/
+  lib/hami/hami-runtime   the C launcher, bound to that environment
+  lib/hami/libvgpu.so
+  bin/hami-runtime        a link to the launcher
+  bin/hamictl, bin/hami-hook   the environment's entry points, run with -I
+  SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there
+
+A re-install builds the new environment beside the old one and swaps them, and
+replaces files by rename: a running container keeps the libvgpu.so it mapped.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIREMENTS = ROOT / "packaging" / "requirements.txt"
+BUILD_REQUIREMENTS = ROOT / "packaging" / "build-requirements.txt"
+CONFIG_EXAMPLE = ROOT / "examples" / "config.toml"
+REGION_HEADER = ROOT / "libvgpu_src" / "region.h"
+PACKAGE_SOURCES = ("pyproject.toml", "hami_runtime", "hami_hook")
+ENTRY_POINTS = ("hamictl", "hami-hook")  # bin/hami-runtime is the launcher
+BIN_ENTRIES = ("hami-runtime",) + ENTRY_POINTS
+LIB_ENTRIES = ("venv", "hami-runtime", "libvgpu.so")  # under <prefix>/lib/hami
+LAUNCHER_LINK = "../lib/hami/hami-runtime"  # bin/hami-runtime, relative: DESTDIR trees work
+# paths end up in C string literals, a Python literal and sed-free rewrites: keep them plain
+SAFE_PATH = re.compile(r"/[A-Za-z0-9._+@/-]*")
+PROBE = ("import os, platform, sys; print(os.path.realpath(sys.executable)); "
+         "print('%d.%d' % sys.version_info[:2]); print(sys.implementation.cache_tag); "
+         "print(platform.machine())")
+
+
+class InstallError(Exception):
+    def __init__(self, field, value, why):
+        super().__init__(f"{field}={value!r}: {why}")
+
+
+def run(argv, **kw):
+    return subprocess.run([str(a) for a in argv], check=True, **kw)
+
+
+class Layout:
+    """Where each installed file lives (final paths) and where it is written."""
+
+    def __init__(self, prefix, destdir="", sysconfdir="/etc"):
+        for field, value in (("PREFIX", prefix), ("SYSCONFDIR", sysconfdir), ("DESTDIR", destdir)):
+            if not (field == "DESTDIR" and value == "") and not SAFE_PATH.fullmatch(value):
+                raise InstallError(field, value, "must be an absolute path of letters, digits and ._+@/-")
+        self.prefix = os.path.normpath(prefix)
+        self.destdir = os.path.normpath(destdir) if destdir else ""
+        self.lib = f"{self.prefix}/lib/hami"
+        self.venv = f"{self.lib}/venv"
+        self.launcher = f"{self.lib}/hami-runtime"
+        self.libvgpu = f"{self.lib}/libvgpu.so"
+        self.bin = f"{self.prefix}/bin"
+        self.config = f"{os.path.normpath(sysconfdir)}/hami/config.toml"
+
+    def staged(self, path) -> Path:
+        """Where a file of the final path is written."""
+        return Path(self.destdir + str(path))
+
+    def entry_point(self, name) -> str:
+        """bin/<name>: the environment's own entry point, run isolated (-I) from any shell."""
+        return (f"#!/bin/sh\n# {name} of the hami-runtime installed in {self.lib} (make install)\n"
+                f'exec {self.venv}/bin/python3 -I {self.venv}/bin/{name} "$@"\n')
+
+
+class Interpreter:
+    """The Python the environment is made with, by its real (versioned) path, so
+    that the environment does not follow a python3 link to another version."""
+
+    def __init__(self, python):
+        found = shutil.which(python)
+        if not found:
+            raise InstallError("PYTHON", python, "not found")
+        try:
+            out = subprocess.run([found, "-I", "-c", PROBE], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout.split("\n")
+        except (subprocess.SubprocessError, OSError) as exc:
+            raise InstallError("PYTHON", python, f"does not run as a Python interpreter: {exc}") from None
+        self.path, self.version, self.cache_tag, self.machine = out[:4]
+
+
+def version() -> str:
+    text = (ROOT / "pyproject.toml").read_text()
+    match = re.search(r'^version\s*=\s*"([^"]+)"', text, re.M)
+    return match.group(1)
+
+
+def wheelhouse(build: Path, interp: Interpreter) -> Path:
+    """The pinned dependencies and the build's setuptools as wheels for this
+    interpreter, downloaded (or built) once per set of pins."""
+    pins = REQUIREMENTS.read_bytes() + BUILD_REQUIREMENTS.read_bytes()
+    key = f"{interp.cache_tag}-{interp.machine}-{hashlib.sha256(pins).hexdigest()[:16]}"
+    house = build / "wheelhouse" / key
+    if (house / ".complete").exists():
+        return house
+    partial = house.with_name(key + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    print(f"install: filling the wheelhouse {house}")
+    run([sys.executable, "-m", "pip", "--python", interp.path, "wheel", "-q",
+         "--disable-pip-version-check", "-w", partial, "-r", REQUIREMENTS, "-r", BUILD_REQUIREMENTS])
+    (partial / ".complete").touch()
+    shutil.rmtree(house, ignore_errors=True)
+    partial.rename(house)
+    return house
+
+
+def project_wheel(build: Path, house: Path) -> Path:
+    """The project's wheel, built offline from a copy of its sources (setuptools
+    builds in the tree it is given, and would keep a removed module in its build/)."""
+    work = build / "install"
+    shutil.rmtree(work, ignore_errors=True)
+    for name in PACKAGE_SOURCES:
+        source, target = ROOT / name, work / "src" / name
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    if not (work / "src" / "hami_runtime" / "node" / "_region_ffi.py").exists():
+        raise InstallError("hami_runtime/node/_region_ffi.py", "", "missing: run make build first")
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+         "--no-index", "--find-links", house, "-w", work / "dist", work / "src"])
+    return work / "dist"
+
+
+def relocate(tree: Path, old: str, new: str) -> None:
+    """Every text file and link under tree that names old names new instead (the
+    environment's scripts, activate files, pyvenv.cfg); a binary naming it is an error."""
+    old_b, new_b = old.encode(), new.encode()
+    for path in sorted(tree.rglob("*")):
+        if path.is_symlink():
+            target = os.readlink(path)
+            if old in target:
+                path.unlink()
+                path.symlink_to(target.replace(old, new))
+            continue
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if old_b not in data:
+            continue
+        if b"\0" in data:
+            raise InstallError("relocate", str(path), f"a binary file names {old}")
+        path.write_bytes(data.replace(old_b, new_b))
+
+
+def make_environment(layout: Layout, interp: Interpreter, house: Path, dist: Path):
+    """The new environment, complete, at lib/hami/venv.new (written paths) but
+    naming lib/hami/venv (final ones); with its site-packages, relative to it."""
+    stage = layout.staged(layout.lib) / "venv.new"
+    shutil.rmtree(stage, ignore_errors=True)
+    run([interp.path, "-I", "-m", "venv", "--without-pip", "--prompt", "hami-runtime", stage])
+    python = stage / "bin" / "python3"
+    site = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    relative_site = os.path.relpath(site, stage)
+    if relative_site.startswith(".."):
+        raise InstallError("PYTHON", interp.path, f"its environments keep packages outside them ({site})")
+    run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check",
+         "--root-user-action=ignore", "--no-compile", "--no-index", "--find-links", house,
+         "--find-links", dist, "-r", REQUIREMENTS, f"hami-runtime=={version()}"])
+    (stage / "share" / "hami").mkdir(parents=True)
+    shutil.copyfile(REGION_HEADER, stage / "share" / "hami" / "region.h")
+    relocate(stage, str(stage), layout.venv)
+    # byte code now, naming the final paths (tracebacks), so that nothing is
+    # written under the install when it runs
+    run([python, "-I", "-m", "compileall", "-q", "-j0", "-d", f"{layout.venv}/{relative_site}",
+         stage / relative_site], stdout=subprocess.DEVNULL)
+    return stage, relative_site
+
+
+def build_launcher(layout: Layout, relative_site: str, cc: str, out: Path) -> Path:
+    """The launcher bound to the installed environment: its python, and its
+    site-packages put on the path so that Python starts without site (-S)."""
+    run(shlex.split(cc) + [f'-DHAMI_PYTHON="{layout.venv}/bin/python3"',
+                           f'-DHAMI_PYTHONPATH="{layout.venv}/{relative_site}"', "-o", out], cwd=ROOT)
+    return out
+
+
+def replace(path: Path, write, mode=None) -> None:
+    """Writes path.new (write(path.new)) and renames it over path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = path.with_name(path.name + ".new")
+    if new.is_symlink() or new.exists():
+        new.unlink()
+    write(new)
+    if mode is not None:
+        new.chmod(mode)
+    os.replace(new, path)
+
+
+def stripped(source: Path, target: Path) -> None:
+    """A copy without the debug sections (which name the build tree)."""
+    run(["strip", "--strip-unneeded", "-o", target, source])
+
+
+def swap_in(stage: Path, final: Path) -> None:
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    stage.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def install(layout: Layout, interp: Interpreter, cc: str, build: Path) -> None:
+    os.umask(0o022)
+    house = wheelhouse(build, interp)
+    dist = project_wheel(build, house)
+    stage = layout.staged(layout.lib) / "venv.new"
+    try:
+        stage, relative_site = make_environment(layout, interp, house, dist)
+        launcher = build_launcher(layout, relative_site, cc, build / "install" / "hami-runtime")
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    swap_in(stage, layout.staged(layout.venv))
+    replace(layout.staged(layout.libvgpu), lambda p: stripped(build / "libvgpu.so", p), 0o644)
+    replace(layout.staged(layout.launcher), lambda p: stripped(launcher, p), 0o755)
+    bin_dir = layout.staged(layout.bin)
+    replace(bin_dir / "hami-runtime", lambda p: p.symlink_to(LAUNCHER_LINK))
+    for name in ENTRY_POINTS:
+        replace(bin_dir / name, lambda p, n=name: p.write_text(layout.entry_point(n)), 0o755)
+    config = layout.staged(layout.config)
+    if config.exists():
+        print(f"install: kept {layout.config} (an existing config is never replaced)")
+    else:
+        replace(config, lambda p: shutil.copyfile(CONFIG_EXAMPLE, p), 0o644)
+    print(f"install: hami-runtime {version()} in {layout.lib}, Python {interp.version} "
+          f"({interp.path}); engines run {layout.bin}/hami-runtime")
+
+
+def ours(layout: Layout, path: Path) -> bool:
+    """A bin entry that make install wrote for this layout."""
+    if path.name == "hami-runtime":
+        return path.is_symlink() and os.readlink(path) == LAUNCHER_LINK
+    try:
+        return path.read_text() == layout.entry_point(path.name)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def uninstall(layout: Layout) -> None:
+    """Everything install put there (and what an interrupted one left); the
+    config only while it is the shipped one."""
+    lib = layout.staged(layout.lib)
+    removed = 0
+    for name in BIN_ENTRIES:
+        path = layout.staged(layout.bin) / name
+        if ours(layout, path):
+            path.unlink()
+            removed += 1
+        elif path.is_symlink() or path.exists():
+            print(f"uninstall: left {path}: not written by make install for {layout.prefix}")
+    for name in LIB_ENTRIES:
+        for path in (lib / name, lib / f"{name}.new", lib / f"{name}.old"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.is_symlink() or path.exists():
+                path.unlink()
+            else:
+                continue
+            removed += 1
+    if lib.is_dir():
+        left = sorted(p.name for p in lib.iterdir())
+        if left:
+            print(f"uninstall: left {lib}: holds {', '.join(left)}, not make install's")
+        else:
+            lib.rmdir()
+    config = layout.staged(layout.config)
+    if config.exists():
+        if config.read_bytes() == CONFIG_EXAMPLE.read_bytes():
+            config.unlink()
+            if not any(config.parent.iterdir()):
+                config.parent.rmdir()
+        else:
+            print(f"uninstall: kept {layout.config}: edited")
+    print(f"uninstall: hami-runtime removed from {layout.prefix}" if removed else
+          f"uninstall: no hami-runtime in {layout.prefix}")
+
+
+def glibc_needed(tree: Path) -> str:
+    """The highest glibc symbol version any ELF file in tree asks for."""
+    versions = set()
+    for path in tree.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as handle:
+                if handle.read(4) != b"\x7fELF":
+                    continue
+                versions.update(re.findall(rb"GLIBC_(\d+\.\d+(?:\.\d+)?)\0", handle.read()))
+    return max((v.decode() for v in versions), key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def deb(interp: Interpreter, cc: str, build: Path, out_dir: Path, maintainer: str) -> Path:
+    """The same layout under /usr as a .deb: the environment is built now, so
+    installing the package needs no network."""
+    if not re.fullmatch(r"/usr/bin/python3\.\d+", interp.path):
+        raise InstallError("PYTHON", interp.path, "a package is built with the distribution's "
+                           "interpreter (/usr/bin/python3.X), which it depends on")
+    root = build / "deb" / "root"
+    shutil.rmtree(root.parent, ignore_errors=True)
+    layout = Layout("/usr", str(root), "/etc")
+    install(layout, interp, cc, build)
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    size_kib = sum((p.stat().st_size + 1023) // 1024 for p in files)
+    control = root / "DEBIAN"
+    control.mkdir()
+    (control / "control").write_text(
+        f"Package: hami-runtime\nVersion: {version()}\nArchitecture: {arch}\n"
+        f"Maintainer: {maintainer}\n"
+        f"Installed-Size: {size_kib}\n"
+        f"Depends: python{interp.version}, runc, libc6 (>= {glibc_needed(root)})\n"
+        f"Section: admin\nPriority: optional\n"
+        f"Description: GPU sharing for containers at the OCI runtime layer\n"
+        f" hami-runtime is a runc-compatible OCI runtime that gives containers slices of\n"
+        f" NVIDIA GPUs (device memory limits, SM shares, priorities) with libvgpu.so\n"
+        f" preloaded in each of them. Its Python tools run in their own environment\n"
+        f" under /usr/lib/hami, made for Python {interp.version} at build time.\n")
+    (control / "conffiles").write_text(f"{layout.config}\n")
+    (control / "md5sums").write_text("".join(
+        f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(root)}\n"
+        for p in files))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    package = out_dir / f"hami-runtime_{version()}_{arch}.deb"
+    run(["dpkg-deb", "--root-owner-group", "--build", root, package], stdout=subprocess.DEVNULL)
+    print(f"deb: {package}")
+    return package
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="install.py")
+    parser.add_argument("action", choices=("install", "uninstall", "deb"))
+    parser.add_argument("--prefix", default="/usr/local")
+    parser.add_argument("--destdir", default="")
+    parser.add_argument("--sysconfdir", default="/etc")
+    parser.add_argument("--python", default="python3")
+    parser.add_argument("--launcher-cc", default="")
+    parser.add_argument("--build", default=str(ROOT / "build"))
+    parser.add_argument("--out", default="")
+    parser.add_argument("--maintainer", default="")
+    args = parser.parse_args(argv)
+    if args.action != "uninstall" and not args.launcher_cc:
+        parser.error("--launcher-cc: needed to build the launcher")
+    build = Path(args.build).resolve()
+    try:
+        if args.action == "uninstall":
+            uninstall(Layout(args.prefix, args.destdir, args.sysconfdir))
+        elif args.action == "install":
+            layout = Layout(args.prefix, args.destdir, args.sysconfdir)
+            install(layout, Interpreter(args.python), args.launcher_cc, build)
+        else:
+            if not re.fullmatch(r"[^\n<>]+ <[^\s<>]+>", args.maintainer):
+                raise InstallError("DEB_MAINTAINER", args.maintainer, "must be 'Name <address>'")
+            deb(Interpreter(args.python), args.launcher_cc, build, Path(args.out or build),
+                args.maintainer)
+    except InstallError as exc:
+        print(f"{args.action}: {exc}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as exc:
+        print(f"{args.action}: {shlex.join(map(str, exc.cmd))}: exit status {exc.returncode}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""make install as an operator runs it on a node: a runtime in an environment
+of its own under the prefix, made with the distribution's python3, that runs
+GPU containers on the (simulated) GPU through the installed launcher and real
+runc from any shell; a re-install upgrades it in place, offline; uninstall
+leaves nothing."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import LIBVGPU, ROOT
+from tests.runtime.conftest import CUDA_ALLOC, TIMEOUT
+from .conftest import DISTRO_PYTHON, Install, InstalledNode, make
+
+GPU = {"hami.io/gpumem": "3000", "hami.io/gpucores": "30"}
+
+
+def files_under(top):
+    return sorted(p for p in top.rglob("*") if p.is_symlink() or p.is_file())
+
+
+def naming(top, text):
+    """Files and links under top whose bytes or target contain text."""
+    found = []
+    for path in files_under(top):
+        content = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+        if text.encode() in content:
+            found.append(path)
+    return found
+
+
+def installed_node(installed, tmp_path, rootfs, spec_template, sim_copy, runtime="bin/hami-runtime"):
+    return InstalledNode(tmp_path, rootfs, spec_template, sim_copy,
+                         [installed.prefix / runtime], [installed.bin / "hamictl"])
+
+
+@pytest.fixture
+def node(installed, tmp_path, rootfs, spec_template, sim_copy):
+    n = installed_node(installed, tmp_path, rootfs, spec_template, sim_copy)
+    yield n
+    n.cleanup()
+
+
+def test_layout_names_the_prefix_and_nothing_of_the_build(installed):
+    """Everything under the prefix; the environment runs the distribution's
+    interpreter; no file names the build tree; the system's Python got nothing."""
+    assert os.readlink(installed.bin / "hami-runtime") == "../lib/hami/hami-runtime"
+    for name in ("hamictl", "hami-hook"):
+        assert os.access(installed.bin / name, os.X_OK)
+    assert (installed.lib / "libvgpu.so").is_file()
+    assert os.path.realpath(installed.venv / "bin" / "python3") == os.path.realpath(DISTRO_PYTHON)
+    assert (installed.venv / "share" / "hami" / "region.h").read_bytes() == \
+        (ROOT / "libvgpu_src" / "region.h").read_bytes()
+    assert (installed.site_packages() / "hami_runtime" / "node" / "_region_ffi.py").is_file()
+    launcher = (installed.lib / "hami-runtime").read_bytes()
+    assert f"{installed.venv}/bin/python3".encode() in launcher
+    assert str(installed.site_packages()).encode() in launcher
+    assert naming(installed.prefix, str(ROOT)) == [] and naming(installed.prefix, "venv.new") == []
+    assert not list(installed.site_packages().rglob("*.pth"))
+    proc = subprocess.run([DISTRO_PYTHON, "-I", "-c", "import hami_runtime"], capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert "No module named 'hami_runtime'" in proc.stderr
+    assert installed.config.read_bytes() == (ROOT / "examples" / "config.toml").read_bytes()
+
+
+@pytest.mark.parametrize("entry,args,expected", [
+    ("hamictl", ("--help",), "Usage: hamictl"),
+    ("hami-hook", (), "usage: hami-hook"),
+    ("hami-runtime", ("--version",), "runc version"),  # passthrough: the launcher execs runc
+])
+def test_entry_points_run_with_no_environment(installed, entry, args, expected):
+    proc = subprocess.run([installed.bin / entry, *args], env={}, capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd="/")
+    assert expected in proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")
+@pytest.mark.parametrize("runtime,hook", [
+    ("bin/hami-runtime", "lib/hami/hami-runtime"),                  # the launcher and its C hook
+    ("lib/hami/venv/bin/hami-runtime", "lib/hami/venv/bin/python3"),  # Python alone, its hook
+])
+def test_gpu_container_through_the_installed_runtime(installed, tmp_path, rootfs, spec_template,
+                                                     sim_copy, runtime, hook):
+    """Limits seen inside, an allocation past them refused, hamictl (no env)
+    showing the container, and everything released on delete."""
+    node = installed_node(installed, tmp_path, rootfs, spec_template, sim_copy, runtime)
+    try:
+        check_gpu_container(installed, node, hook)
+    finally:
+        node.cleanup()
+
+
+def check_gpu_container(installed, node, hook):
+    bundle = node.bundle("c1", GPU)
+    proc = node.runtime("run", "--detach", "--bundle", str(bundle), "c1")
+    assert proc.returncode == 0, proc.stderr
+    spec = json.loads((bundle / "config.json").read_text())
+    [lib] = [m for m in spec["mounts"] if m["destination"] == "/usr/local/vgpu/libvgpu.so"]
+    assert lib["source"] == str(installed.lib / "libvgpu.so")  # the default: the install's
+    assert [h["path"] for h in spec["hooks"]["createRuntime"]] == [str(installed.prefix / hook)]
+    inside = node.runtime("exec", "c1", "sh", "-c", "env; cuda_alloc 1000 1000 1500")
+    assert inside.returncode == 0, inside.stderr
+    lines = inside.stdout.splitlines()
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=3000m" in lines and "total 3000" in lines
+    assert ["alloc 1000 0", "alloc 1000 0", "alloc 1500 2"] == [x for x in lines if x.startswith("alloc")]
+    [row] = node.ps()
+    assert (row["container"], row["memory_mib"], row["cores"]) == ("c1", 3000, 30) and row["pid"] > 0
+    table = node.hamictl("ps")
+    assert table.returncode == 0 and "3000MiB" in table.stdout, table.stderr
+    gpus = json.loads(node.hamictl("gpus", "--json").stdout)
+    assert (gpus[0]["slots_used"], gpus[0]["memory_allocated_mib"]) == (1, 3000)
+    assert node.runtime("kill", "c1", "KILL").returncode == 0
+    assert node.runtime("delete", "--force", "c1").returncode == 0
+    assert node.containers() == []
+    for _ in range(100):  # the launcher's release runs detached after runc's delete
+        if node.ps() == []:
+            break
+        subprocess.run(["sleep", "0.1"], check=True)
+    assert node.ps() == [] and node.allocations() == {}
+    assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
+    gpus = json.loads(node.hamictl("gpus", "--json").stdout)
+    assert (gpus[0]["slots_used"], gpus[0]["memory_allocated_mib"]) == (0, 0)
+
+
+def offline():
+    """make run in a network namespace of its own (no network), where one can be made."""
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=TIMEOUT)
+    return ("unshare", "-n") if probe.returncode == 0 else ()
+
+
+def test_reinstall_upgrades_in_place_offline(installed, node):
+    """What the old version had and the new one has not is gone; the launcher
+    keeps its path (engines name it); an edited config stays; no network needed."""
+    site = installed.site_packages()
+    stale = [site / "hami_runtime" / "retired_module.py", installed.venv / "bin" / "retired-tool",
+             site / "retired_dep-1.0.dist-info" / "METADATA"]
+    for path in stale:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("from the old version\n")
+    launcher = installed.lib / "hami-runtime"
+    before = launcher.stat().st_ino
+    installed.config.write_text(installed.config.read_text() + "split_count = 4\n")
+    installed.make(wrap=offline())
+    assert [p for p in stale if p.exists()] == []
+    assert sorted(p.name for p in installed.lib.iterdir()) == ["hami-runtime", "libvgpu.so", "venv"]
+    assert launcher.stat().st_ino != before  # replaced by rename, at the same path
+    assert installed.config.read_text().endswith("split_count = 4\n")
+    gpus = node.hamictl("gpus", "--json")
+    assert gpus.returncode == 0 and len(json.loads(gpus.stdout)) == 2, gpus.stderr
+    assert naming(installed.prefix, str(ROOT)) == []
+
+
+@pytest.mark.parametrize("edit,config_left", [(False, False), (True, True)])
+def test_uninstall_leaves_nothing(tmp_path, edit, config_left):
+    """Every file make install wrote is removed; the config only while it is
+    the shipped one (an operator's edits stay)."""
+    inst = Install(tmp_path)
+    inst.make()
+    if edit:
+        inst.config.write_text(inst.config.read_text() + 'log_level = "debug"\n')
+    out = inst.make("uninstall")
+    assert files_under(inst.prefix) == []
+    assert not inst.lib.exists()
+    assert inst.config.exists() == config_left
+    assert ("kept" in out) == config_left
+
+
+def test_bad_prefix_is_one_line(tmp_path):
+    proc = make("install", "PREFIX=relative/dir", f"SYSCONFDIR={tmp_path}")
+    assert proc.returncode != 0
+    assert "install: PREFIX='relative/dir': must be an absolute path" in proc.stdout
+    assert not (ROOT / "relative").exists()
+
+
+def dynamic_symbols(path):
+    return subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True,
+                          check=True, timeout=TIMEOUT).stdout.split()[2::3]
+
+
+def test_installed_libvgpu_exports_what_the_built_one_does(installed):
+    """Stripped of its debug sections (they name the build tree), the library
+    containers get still exports every entry point of the build's."""
+    assert dynamic_symbols(installed.lib / "libvgpu.so") == dynamic_symbols(LIBVGPU)
