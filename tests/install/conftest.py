@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.runtime.conftest import Node, TIMEOUT, rootfs, sim_copy, spec_template  # noqa: F401 (fixtures)
+from tests.runtime.conftest import rootfs, sim_copy, spec_template  # noqa: F401 (fixtures)
+from tests.runtime.node import Node, TIMEOUT
 
 DISTRO_PYTHON = Path("/usr/bin/python3")
 DISTRO_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"  # the distribution's python3 first

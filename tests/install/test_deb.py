@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.conftest import ROOT
-from tests.runtime.conftest import CUDA_ALLOC, TIMEOUT
+from tests.runtime.node import CUDA_ALLOC, TIMEOUT
 from .conftest import DISTRO_PYTHON, InstalledNode, make
 from .test_install import GPU, files_under, naming
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.conftest import LIBVGPU, ROOT
-from tests.runtime.conftest import CUDA_ALLOC, TIMEOUT
+from tests.runtime.node import CUDA_ALLOC, TIMEOUT
 from .conftest import DISTRO_PYTHON, Install, InstalledNode, make
 
 GPU = {"hami.io/gpumem": "3000", "hami.io/gpucores": "30"}
