@@ -36,6 +36,13 @@ void *hami_driver_symbol(const char *name);
 const struct hami_limits *hami_limits_from_env(void);
 const struct hami_limits *hami_limits_map(const char *path, char *why, size_t len);
 
+/* region.c: one of a runtime-made container's files at its fixed path, opened without
+ * following a link or blocking on a FIFO, a regular file of `size` bytes (read-only: on a
+ * read-only mount, as the runtime mounts the limits), mapped; NULL and why (naming `what`)
+ * otherwise. */
+void *hami_map_runtime_file(const char *path, size_t size, int writable, const char *what, char *why,
+                            size_t len);
+
 /* region.c: the limits in force (NULL when none: then nothing is limited) and
  * whether libvgpu refuses every call (a runtime-made container whose limits or
  * region cannot be used: it fails closed, never runs unlimited). Both settle at

@@ -4,15 +4,10 @@
 #include "internal.h"
 #include "log.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <time.h>
-#include <unistd.h>
 
 static struct hami_limits env_limits;
 
@@ -66,30 +61,12 @@ static const char *limits_problem(const struct hami_limits *l, char *buf, size_t
 
 const struct hami_limits *hami_limits_map(const char *path, char *why, size_t len)
 {
-    const size_t size = sizeof(struct hami_limits);
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, len, "limits %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct hami_limits *l = NULL;
-    struct stat st;
-    struct statvfs vfs;
+    struct hami_limits *l = hami_map_runtime_file(path, sizeof *l, 0, "limits", why, len);
     char problem[160];
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size != size) {
-        snprintf(why, len, "limits %s: not the runtime's limits file (a regular file of %zu bytes)",
-                 path, size);
-    } else if (fstatvfs(fd, &vfs) < 0 || !(vfs.f_flag & ST_RDONLY)) {
-        /* the runtime mounts it read-only: anything writable was made inside */
-        snprintf(why, len, "limits %s: writable, not the runtime's read-only mount", path);
-    } else if ((l = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-        l = NULL;
-        snprintf(why, len, "limits %s: mmap: %s", path, strerror(errno));
-    } else if (limits_problem(l, problem, sizeof problem)) {
+    if (l && limits_problem(l, problem, sizeof problem)) {
         snprintf(why, len, "limits %s: %s", path, problem);
-        munmap(l, size);
+        munmap(l, sizeof *l);
         l = NULL;
     }
-    close(fd);
     return l;
 }
