@@ -6,10 +6,11 @@
   containers/<name>/vgpu.region  the region: the processes' usage (the dir is
                                  mounted read-write: the container can replace,
                                  remove or link anything in it)
- Host tools (hamictl top, metrics, update, doctor)
-open both files through directory fds, never following a link or blocking on a
-FIFO, and take the region only if it is that very file: anything else is that
-container's error, shown as such, never a path to another file.
+
+Host tools (hamictl top, metrics, update) open both files through directory fds,
+never following a link or blocking on a FIFO, and take the region only if it is
+that very file (its identity, recorded when the runtime made it): anything else is
+that container's error, shown as such, never a path to another file.
 """
 from __future__ import annotations
 
