@@ -1,6 +1,9 @@
 """The CRI path, as the kubelet drives it for a Pod with runtimeClassName: hami:
 RunPodSandbox with handler "hami" and the Pod example's annotations, then its
-container, on containerd with the example drop-in.
+containers one by one in the pod's order (init containers run to their end
+first; a restart is the same name with the next attempt), on containerd with
+the example drop-in. The Pod examples with several containers are used as they
+are; a pod scheduled by HAMi carries the decision its scheduler would write.
 
 One line is added to the drop-in here, and only here: `restrict_oom_score_adj`.
 The CRI gives the pause container oom_score_adj -998, which this machine's
