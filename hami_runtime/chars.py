@@ -6,6 +6,7 @@ DIGITS = frozenset("0123456789")
 LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 ALNUM = LETTERS | DIGITS
 HEX_LOWER = frozenset("0123456789abcdef")
+LOWER_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 
 
 def spans(value: str, first: frozenset, rest: frozenset, low: int, high: int) -> bool:
@@ -32,3 +33,11 @@ def number(value: str) -> bool:          # [0-9]{1,10}
 
 def root_key(value: str) -> bool:        # [0-9a-f]{16}
     return spans(value, HEX_LOWER, HEX_LOWER, 15, 15)
+
+
+def dns_label(value: str) -> bool:      # [a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?, a Kubernetes container name
+    return spans(value, LOWER_ALNUM, LOWER_ALNUM | {"-"}, 0, 62) and value[-1] in LOWER_ALNUM
+
+
+def dns_subdomain(value: str) -> bool:  # dot-separated labels, at most 253 characters (pod names)
+    return 0 < len(value) <= 253 and all(dns_label(part) for part in value.split("."))

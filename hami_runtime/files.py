@@ -105,19 +105,27 @@ def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
         os.close(dir_fd)
 
 
-def process_start(pid: int):
-    """The process's start time in clock ticks since boot, None if it is gone."""
+def _stat_fields(pid: int):
+    """/proc/<pid>/stat's fields after the command name (state first), None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat_line = handle.read()
     except OSError:
         return None
     # The command name may hold spaces and parentheses: split after the last ')'.
-    fields = stat_line[stat_line.rfind(b")") + 2:].split()
-    return int(fields[19])
+    return stat_line[stat_line.rfind(b")") + 2:].split()
+
+
+def process_start(pid: int):
+    """The process's start time in clock ticks since boot, None if it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
 
 
 def process_alive(pid, start) -> bool:
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+    """The process that started at `start` still runs: not gone, not another one
+    with its pid, and not a zombie (exited, its parent has yet to reap it)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or start is None:
         return False
-    return start is not None and process_start(pid) == start
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] not in (b"Z", b"X") and int(fields[19]) == start

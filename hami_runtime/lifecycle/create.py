@@ -164,6 +164,51 @@ def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, c
     atomic_write(os.path.join(private, "owner.json"), json.dumps(owner).encode(), 0o600)
 
 
+def _passed_through(cfg: Config, cid: str, annotations, env, why: str = "") -> bool:
+    """The log line of a container whose spec stays as it came."""
+    from .request_keys import is_pod_sandbox, mentioned_keys
+    keys = mentioned_keys(annotations, env, cfg.env_requests)
+    if keys and not why and is_pod_sandbox(annotations):
+        why = "the pod's sandbox container, which runs no GPU work"
+    if why:
+        log.write(cfg, "info", f"{cid}: passed through untouched: {why}")
+    elif keys:  # only keys that shape a request, or NVIDIA_VISIBLE_DEVICES=none
+        log.write(cfg, "info", f"{cid}: passed through untouched: {', '.join(keys)} ask(s) "
+                  "for no GPU (a request needs gpu, gpumem, gpumem-percentage, gpucores, "
+                  "gpu-uuid or vgpu-devices-allocated)")
+    else:
+        log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
+    return False
+
+
+def _allocate(cfg: Config, request, pinned, gpus, state):
+    """Grants for the request: on the GPUs a restarted container had where they
+    still fit it, else as any request."""
+    from . import allocator
+    args = dict(split_count=cfg.split_count, memory_scaling=cfg.memory_scaling,
+                default_memory_mib=cfg.default_memory_mib, default_cores=cfg.default_cores,
+                policy=cfg.policy, invalid=state.invalid)
+    again = request.pinned_to(pinned) if pinned else None
+    if again is not None:
+        try:
+            return allocator.allocate(again, gpus, state.allocations.values(), **args), True
+        except HamiError:
+            pass  # its GPUs are taken meanwhile: wherever the request fits
+    return allocator.allocate(request, gpus, state.allocations.values(), **args), False
+
+
+def _holds_and_runs(state, runc_root: str):
+    """running(record) for pod_ledger.place: the record's container has an
+    allocation here and runs (or its create does)."""
+    from . import store
+
+    def running(record) -> bool:
+        name = store.alloc_name(runc_root, record["id"])
+        entry = state.allocations.get(name) or (state.invalid.get(name) or {}).get("entry")
+        return isinstance(entry, dict) and store.entry_running(entry)
+    return running
+
+
 def prepare(cfg: Config, inv, launcher=None) -> bool:
     """True when the spec was edited for a GPU request; False when it had none
     and stays byte for byte as it came. `launcher`: the C launcher that started
@@ -173,23 +218,18 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     spec = spec_io.load(bundle)
     annotations = spec.get("annotations") or {}
     env = (spec.get("process") or {}).get("env") or []
-    if mentions_request(annotations, env, cfg.env_requests):
-        # Only now the request model, NVML and the allocator are loaded.
-        from . import allocator, requests
-        from ..node import discovery_cache
-        request = requests.parse(annotations, env, cfg.env_requests, cfg.core_policy)
-    else:
-        request = None
-    if request is None:
-        from .request_keys import mentioned_keys
-        keys = mentioned_keys(annotations, env, cfg.env_requests)
-        if keys:  # only keys that shape a request, or NVIDIA_VISIBLE_DEVICES=none
-            log.write(cfg, "info", f"{cid}: passed through untouched: {', '.join(keys)} ask(s) "
-                      "for no GPU (a request needs gpu, gpumem, gpumem-percentage, gpucores, "
-                      "gpu-uuid or vgpu-devices-allocated)")
-        else:
-            log.write(cfg, "debug", f"{cid}: no GPU request, passed through")
-        return False
+    if not mentions_request(annotations, env, cfg.env_requests):
+        return _passed_through(cfg, cid, annotations, env)
+    # Only now the request model, NVML and the allocator are loaded.
+    from . import pod_identity, pod_requests
+    from ..node import discovery_cache
+    member = pod_identity.member(annotations)
+    plan = pod_requests.plan(annotations, env, cfg.env_requests, cfg.core_policy, member)
+    who = f"{cid} ({member.describe()})" if member is not None else cid
+    if plan.kind == pod_requests.UNTOUCHED:
+        return _passed_through(cfg, who, annotations, env, plan.why)
+    if plan.kind in (pod_requests.ALONE, pod_requests.NAMED) and plan.request is None:
+        return _passed_through(cfg, who, annotations, env)
     import time
     from . import modifiers, store
     from ..files import process_start
@@ -199,26 +239,52 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     majors = device_majors(cfg)
     driver_files = discovery_cache.driver_files(cfg)
     name = store.alloc_name(inv.root, cid)
+    creator = {"pid": os.getpid(), "start": process_start(os.getpid())}
+    request, how, refusal = plan.request, plan.why, None
     with store.transaction(cfg.state_dir) as state:
         if name in state.allocations or name in state.invalid:
             raise HamiError("container id", cid, f"already has a GPU allocation under {inv.root}")
         if os.path.lexists(os.path.join(inv.root, cid)):
             raise HamiError("container id", cid, f"a container with this id exists under {inv.root}")
-        grants = allocator.allocate(
-            request, gpus, state.allocations.values(), split_count=cfg.split_count,
-            memory_scaling=cfg.memory_scaling, default_memory_mib=cfg.default_memory_mib,
-            default_cores=cfg.default_cores, policy=cfg.policy, invalid=state.invalid)
-        entry = {
-            "id": cid, "runc_root": inv.root, "bundle": bundle,
-            "devices": [g.to_json() for g in grants],
-            "core_policy": request.core_policy, "priority": request.priority,
-            "oversubscribe": request.oversubscribe,
-            "identity": identity(annotations), "request": dict(request.keys),
-            "created_at": time.time(), "pid": 0,
-        }
-        marker = {k: v for k, v in entry.items() if k not in ("runc_root", "bundle")}
-        entry["creator"] = {"pid": os.getpid(), "start": process_start(os.getpid())}
-        state.allocations[name] = entry
+        placed = pinned = None
+        if member is not None and plan.kind != pod_requests.ALONE:
+            from . import pod_ledger
+            key = pod_ledger.pod_key(inv.root, member.sandbox)
+            placed = pod_ledger.place(state.pods.get(key), member, inv.root, cid, creator, plan,
+                                      _holds_and_runs(state, inv.root))
+            for old in placed.release:
+                state.release(store.alloc_name(inv.root, old))
+            state.pods[key] = placed.ledger
+            request, how, pinned, refusal = placed.request, placed.why, placed.pinned, placed.refusal
+        if request is not None:
+            try:
+                grants, again = _allocate(cfg, request, pinned, gpus, state)
+            except HamiError as exc:
+                if placed is None:
+                    raise
+                refusal = exc  # the pod's record of this container is kept all the same
+        if request is not None and refusal is None:
+            if placed is not None:
+                placed.ledger["containers"][member.name]["uuids"] = [g.uuid for g in grants]
+                how += ", on the GPUs it had before its restart" if again else ""
+            entry = {
+                "id": cid, "runc_root": inv.root, "bundle": bundle,
+                "devices": [g.to_json() for g in grants],
+                "core_policy": request.core_policy, "priority": request.priority,
+                "oversubscribe": request.oversubscribe,
+                "identity": identity(annotations), "request": dict(request.keys),
+                "created_at": time.time(), "pid": 0,
+            }
+            if placed is not None:
+                entry["pod"] = {"sandbox": member.sandbox, "container": member.name,
+                                "position": placed.position, "slice": placed.slice}
+            marker = {k: v for k, v in entry.items() if k not in ("runc_root", "bundle")}
+            entry["creator"] = creator
+            state.allocations[name] = entry
+    if refusal is not None:
+        raise refusal
+    if request is None:
+        return _passed_through(cfg, who, annotations, env, how)
     # The entry is committed and lives while this process (then runc) does, so
     # the files are written outside the lock; a failure or a kill from here on
     # is freed by the release below or by the next transaction.
@@ -231,6 +297,6 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     except BaseException:
         store.discard(cfg.state_dir, name, entry["creator"])
         raise
-    log.write(cfg, "info", f"{cid}: allocated " + ", ".join(
-        f"GPU {g.index} {g.mem_mib}MiB {g.cores}%" for g in grants))
+    log.write(cfg, "info", f"{who}: allocated " + ", ".join(
+        f"GPU {g.index} {g.mem_mib}MiB {g.cores}%" for g in grants) + (f" ({how})" if how else ""))
     return True

@@ -10,7 +10,10 @@ if TYPE_CHECKING:
 PREFIXES = ("hami.io/", "nvidia.com/")
 KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid", "nouse-gpu-uuid",
         "use-gputype", "nouse-gputype", "core-policy", "priority", "oversubscribe",
-        "vgpu-devices-allocated")
+        "vgpu-devices-allocated", "containers")
+# A key for one container of a pod: <container name>.hami.io/<key> (pod_requests.py).
+CONTAINER_DOMAIN = ".hami.io"
+CONTAINER_KEYS = tuple(k for k in KEYS if k not in ("vgpu-devices-allocated", "containers"))
 # Keys that ask for a GPU by themselves (gpu-uuid: that GPU); the others only
 # shape a request, and alone leave a container untouched.
 REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid",
@@ -27,15 +30,27 @@ def is_pod_sandbox(annotations: dict[str, str]) -> bool:
     return any((annotations or {}).get(key) == value for key, value in SANDBOX_MARKERS)
 
 
+def split_key(key: str):
+    """(container, short key) of a request key: container None for hami.io/<key> and
+    nvidia.com/<key>, the name's text for <name>.hami.io/<key> (checked by the pod's
+    rules); None for any other annotation."""
+    prefix, slash, short = key.partition("/") if isinstance(key, str) else ("", "", "")
+    if not slash:
+        return None
+    if prefix in ("hami.io", "nvidia.com"):
+        return (None, short) if short in KEYS else None
+    if prefix.endswith(CONTAINER_DOMAIN) and short in CONTAINER_KEYS:
+        return prefix[:-len(CONTAINER_DOMAIN)], short
+    return None
+
+
 def mentions_request(annotations: dict[str, str], env: Iterable[str], env_requests: bool) -> bool:
     """False only when no request key is present at all (a cheap superset test),
     or for a pod's sandbox container."""
     if is_pod_sandbox(annotations):
         return False
-    for key in annotations or {}:
-        for prefix in PREFIXES:
-            if key.startswith(prefix) and key[len(prefix):] in KEYS:
-                return True
+    if any(split_key(key) for key in annotations or {}):
+        return True
     if env_requests:
         names = (VISIBLE,) + ENV_KEYS
         return any(isinstance(e, str) and e.partition("=")[0] in names for e in env or ())
@@ -44,8 +59,7 @@ def mentions_request(annotations: dict[str, str], env: Iterable[str], env_reques
 
 def mentioned_keys(annotations: dict[str, str], env: Iterable[str], env_requests: bool) -> list:
     """The request keys present (for the log line of a container that asks for nothing)."""
-    found = [k for k in sorted(annotations or {})
-             if any(k.startswith(p) and k[len(p):] in KEYS for p in PREFIXES)]
+    found = [k for k in sorted(annotations or {}) if split_key(k)]
     if env_requests:
         names = (VISIBLE,) + ENV_KEYS
         found += [e for e in env or () if isinstance(e, str) and e.partition("=")[0] in names]

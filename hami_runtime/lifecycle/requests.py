@@ -9,13 +9,14 @@ from ..chars import gpu_uuid, number as digits
 from ..config import CORE_POLICIES
 from ..errors import HamiError
 
-from .request_keys import ENV_KEYS, KEYS, PREFIXES, REQUEST_KEYS
+from .request_keys import CONTAINER_DOMAIN, CONTAINER_KEYS, ENV_KEYS, REQUEST_KEYS, split_key
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 MAX_GPUS = 16
+MAX_DECISION_ENTRIES = 256  # containers of one pod in a scheduler decision
 
 
 class AssignedDevice(namedtuple("AssignedDevice", "uuid mem_mib cores")):
@@ -80,6 +81,18 @@ class GpuRequest:
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.keys.items()) or self.source
 
+    def pinned_to(self, uuids) -> "GpuRequest | None":
+        """The same request on exactly these GPUs (a restarted container's), None
+        where it could not have been granted them (another count, or GPUs its
+        own gpu-uuid list leaves out)."""
+        uuids = tuple(uuids)
+        if self.assigned or self.count != len(uuids) or (
+                self.use_uuids and not set(uuids) <= set(self.use_uuids)):
+            return None
+        values = {n: getattr(self, n) for n in self.__slots__}
+        values["use_uuids"] = uuids
+        return GpuRequest(**values)
+
 
 def number(key: str, value: str, low: int, high: int) -> int:
     """Plain ASCII digits and nothing else ("100\n" and " 100" are refused)."""
@@ -116,17 +129,9 @@ def type_list(key: str, value: str) -> tuple[str, ...]:
     return items
 
 
-def parse_assigned(key: str, value: str) -> tuple[AssignedDevice, ...]:
-    """HAMi's decision: 'UUID,NVIDIA,<MiB>,<cores>:' per device, ';' per container.
-    Only a single-container decision can be matched to this container."""
-    containers = value.split(";")
-    if containers and containers[-1] == "":
-        containers.pop()
-    if len(containers) != 1:
-        raise HamiError(key, value, f"{len(containers)} container entries: cannot tell which "
-                        "one is this container")
+def _entry_devices(key: str, value: str, text: str) -> tuple[AssignedDevice, ...]:
     devices = []
-    for entry in (e for e in containers[0].split(":") if e):
+    for entry in (e for e in text.split(":") if e):
         parts = entry.split(",")
         if len(parts) != 4:
             raise HamiError(key, value, f"device entry {entry!r} is not UUID,NVIDIA,<MiB>,<cores>")
@@ -137,32 +142,58 @@ def parse_assigned(key: str, value: str) -> tuple[AssignedDevice, ...]:
             raise HamiError(key, value, f"device vendor {vendor!r} is not NVIDIA")
         devices.append(AssignedDevice(uuid=uuid, mem_mib=number(key, mem, 1, 1 << 30),
                                       cores=number(key, cores, 0, 100)))
-    if not devices:
-        raise HamiError(key, value, "no device for this container")
     if len({d.uuid for d in devices}) != len(devices):
-        raise HamiError(key, value, "the same GPU twice")
+        raise HamiError(key, value, "the same GPU twice in one container entry")
     return tuple(devices)
 
 
-def collect(annotations: dict[str, str]) -> dict[str, tuple[str, str]]:
-    """short key -> (full key, value); hami.io/ and nvidia.com/ spellings must agree."""
+def decision_entries(key: str, value: str) -> tuple[tuple[AssignedDevice, ...], ...]:
+    """HAMi's decision: one entry per container it counts (init containers first,
+    then the pod's containers, in the pod's order), each 'UUID,NVIDIA,<MiB>,<cores>:'
+    per device and ended by ';'; a container without a GPU has an empty entry."""
+    containers = value.split(";")
+    if containers[-1] == "":
+        containers.pop()
+    if len(containers) > MAX_DECISION_ENTRIES:
+        raise HamiError(key, value, f"more than {MAX_DECISION_ENTRIES} container entries")
+    entries = tuple(_entry_devices(key, value, text) for text in containers)
+    if not any(entries):
+        raise HamiError(key, value, "no device for any container")
+    return entries
+
+
+def collect(annotations: dict[str, str], container: str | None = None) -> dict[str, tuple[str, str]]:
+    """short key -> (full key, value); hami.io/ and nvidia.com/ spellings must agree.
+    With `container`, that container's own keys (<container>.hami.io/<key>) win over
+    the pod's."""
     found: dict[str, tuple[str, str]] = {}
     for key in sorted(annotations):
-        for prefix in PREFIXES:
-            short = key[len(prefix):]
-            if key.startswith(prefix) and short in KEYS:
-                value = annotations[key]
-                if not isinstance(value, str):
-                    raise HamiError(key, repr(value), "annotation value must be a string")
-                if short in found and found[short][1] != value:
-                    other = found[short][0]
-                    raise HamiError(key, value, f"conflicts with {other}={found[short][1]}")
-                found.setdefault(short, (key, value))
+        split = split_key(key)
+        if split is None or split[0] is not None:
+            continue
+        short, value = split[1], annotations[key]
+        if not isinstance(value, str):
+            raise HamiError(key, repr(value), "annotation value must be a string")
+        if short in found and found[short][1] != value:
+            other = found[short][0]
+            raise HamiError(key, value, f"conflicts with {other}={found[short][1]}")
+        found.setdefault(short, (key, value))
+    if container is not None:
+        for short in CONTAINER_KEYS:
+            key = f"{container}{CONTAINER_DOMAIN}/{short}"
+            if key in annotations:
+                if not isinstance(annotations[key], str):
+                    raise HamiError(key, repr(annotations[key]), "annotation value must be a string")
+                found[short] = (key, annotations[key])
     return found
 
 
-def from_annotations(annotations: dict[str, str], core_policy: str = "default") -> GpuRequest | None:
-    found = collect(annotations or {})
+def from_annotations(annotations: dict[str, str], core_policy: str = "default",
+                     container: str | None = None, entry: int | None = None) -> GpuRequest | None:
+    """`container`: the pod's container this is (its own keys count); `entry`: which
+    of a scheduler decision's container entries is its (pod_requests.py decides);
+    without one, a decision must hold a single entry."""
+    found = collect(annotations or {}, container)
     if not any(k in found for k in REQUEST_KEYS):
         return None
     args: dict = {"source": "annotations", "keys": {k: v for k, v in found.values()},
@@ -207,7 +238,14 @@ def from_annotations(annotations: dict[str, str], core_policy: str = "default") 
         args["oversubscribe"] = value == "true"
     if get("vgpu-devices-allocated"):
         key, value = found["vgpu-devices-allocated"]
-        args["assigned"] = parse_assigned(key, value)
+        entries = decision_entries(key, value)
+        if entry is None and len(entries) != 1:
+            raise HamiError(key, value, f"{len(entries)} container entries: cannot tell which one is "
+                            "this container, which is not in a Kubernetes pod (no "
+                            "io.kubernetes.cri.container-name or io.kubernetes.container.name)")
+        args["assigned"] = entries[entry or 0]
+        if not args["assigned"]:
+            raise HamiError(key, value, f"entry {(entry or 0) + 1} has no device")
         if "count" in args and args["count"] != len(args["assigned"]):
             gkey, gvalue = found["gpu"]
             raise HamiError(gkey, gvalue, f"conflicts with {key}, which assigns "
@@ -274,10 +312,11 @@ def from_env(env: dict[str, str], core_policy: str = "default") -> GpuRequest | 
 
 
 def parse(annotations: dict[str, str], env: Iterable[str], env_requests: bool = True,
-          core_policy: str = "default") -> GpuRequest | None:
+          core_policy: str = "default", container: str | None = None) -> GpuRequest | None:
     """Annotations win; env is read only when the operator allows env requests.
-    `core_policy` is the node's, for a request that names none."""
-    request = from_annotations(annotations or {}, core_policy)
+    `core_policy` is the node's, for a request that names none; `container`: the
+    pod's container this is, whose own keys count."""
+    request = from_annotations(annotations or {}, core_policy, container)
     if request is not None or not env_requests:
         return request
     return from_env(env_map(env), core_policy)

@@ -3,7 +3,10 @@ under an fcntl lock and replaced atomically.
 
 Layout of the state dir:
   allocations.json    {"version": 2, "allocations": {<name>: entry},
-                       "invalid": {<name>: {"entry": ..., "reason": ...}}}
+                       "invalid": {<name>: {"entry": ..., "reason": ...}},
+                       "pods": {<sandbox id>@<root key>: what the runtime
+                                remembers of a Kubernetes pod's containers
+                                (pod_ledger.py)}}
   allocations.lock    the lock (a separate file, so the rename keeps it valid)
   containers/<name>/  the region dir, mounted read-write into the container
                       (container_files.py: never trusted, never followed)
@@ -117,23 +120,38 @@ def id_of(name: str) -> str:
     return name.rpartition("@")[0]
 
 
-def _is_int(value, low: int, high: int) -> bool:
+def is_int(value, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def creator_problem(creator) -> str:
+    """'' for the {pid, start} of the create that made an entry."""
+    if not isinstance(creator, dict) or not is_int(creator.get("pid", 0), 0, 1 << 31) or not (
+            creator.get("start") is None or is_int(creator.get("start"), 0, 1 << 62)):
+        return f"creator={creator!r} is not {{pid, start}}"
+    return ""
+
+
+def stored_name_problem(name, runc_root, cid, what: str = "id") -> str:
+    """'' when `name` is what the (runc root, `what`) pair is stored under, else why not."""
+    if not isinstance(runc_root, str) or not os.path.isabs(runc_root):
+        return f"runc_root={runc_root!r} is not an absolute path"
+    try:
+        expected = alloc_name(runc_root, cid)
+    except HamiError as exc:
+        return exc.line()
+    if name != expected:
+        return f"stored as {name!r}, but its runc root and {what} name it {expected!r}"
+    return ""
 
 
 def entry_problem(name, entry) -> str:
     """'' for a well-formed entry stored under `name`, else what is wrong."""
     if not isinstance(entry, dict):
         return "entry is not an object"
-    cid, root = entry.get("id"), entry.get("runc_root")
-    if not isinstance(root, str) or not os.path.isabs(root):
-        return f"runc_root={root!r} is not an absolute path"
-    try:
-        expected = alloc_name(root, cid)
-    except HamiError as exc:
-        return exc.line()
-    if name != expected:
-        return f"stored as {name!r}, but its runc root and id name it {expected!r}"
+    why = stored_name_problem(name, entry.get("runc_root"), entry.get("id"))
+    if why:
+        return why
     if not isinstance(entry.get("bundle"), str):
         return f"bundle={entry.get('bundle')!r} is not a path"
     devices = entry.get("devices")
@@ -146,7 +164,7 @@ def entry_problem(name, entry) -> str:
             return f"devices[{i}].uuid={d['uuid']!r} is not a GPU UUID"
         for field, low, high in (("index", 0, 1023), ("mem_mib", 1, MAX_MEM_MIB),
                                  ("cores", 0, 100)):
-            if not _is_int(d[field], low, high):
+            if not is_int(d[field], low, high):
                 return f"devices[{i}].{field}={d[field]!r} is not a whole number in {low}..{high}"
     if len({d["uuid"] for d in devices}) != len(devices):
         return "devices name the same GPU twice"
@@ -156,13 +174,13 @@ def entry_problem(name, entry) -> str:
         return f"priority={entry.get('priority')!r} is not 0 or 1"
     if not isinstance(entry.get("oversubscribe", True), bool):  # older entries lack it
         return f"oversubscribe={entry.get('oversubscribe')!r} is not true or false"
-    if not _is_int(entry.get("pid", 0), 0, 1 << 31):
+    if not is_int(entry.get("pid", 0), 0, 1 << 31):
         return f"pid={entry.get('pid')!r} is not a process id"
-    creator = entry.get("creator", {})
-    if not isinstance(creator, dict) or not _is_int(creator.get("pid", 0), 0, 1 << 31) or not (
-            creator.get("start") is None or _is_int(creator.get("start"), 0, 1 << 62)):
-        return f"creator={creator!r} is not {{pid, start}}"
-    return ""
+    why = creator_problem(entry.get("creator", {}))
+    if why or "pod" not in entry:
+        return why
+    from . import pod_ledger  # only for a Kubernetes pod's container
+    return pod_ledger.entry_problem(entry)
 
 
 def subdir_fd(state_dir: str, sub: str, create: bool = False) -> int | None:
@@ -249,8 +267,18 @@ def runc_made(runc_root: str, cid: str) -> bool:
     return os.path.lexists(os.path.join(runc_root, cid, "state.json"))
 
 
-def entry_alive(entry: dict) -> bool:
-    """Also asked of invalid entries: any field may be anything."""
+def runc_running(runc_root: str, cid: str) -> bool:
+    """runc's container still has its init process (created, running or paused; not
+    stopped): the pid and start time in its state.json name a live process."""
+    data = read_json(os.path.join(runc_root, cid, "state.json"), MAX_STATE_BYTES)
+    if not isinstance(data, dict):
+        return False
+    return process_alive(data.get("init_process_pid"), data.get("init_process_start"))
+
+
+def _creator_or_container(entry: dict, container_test) -> bool:
+    """The entry's create still runs, or container_test(runc root, id) holds for
+    its container. Any field may be anything (invalid entries are asked too)."""
     creator = entry.get("creator")
     creator = creator if isinstance(creator, dict) else {}
     if process_alive(creator.get("pid", 0), creator.get("start")):
@@ -262,7 +290,18 @@ def entry_alive(entry: dict) -> bool:
         check_container_id(cid)
     except HamiError:
         return False
-    return runc_made(root, cid)
+    return container_test(root, cid)
+
+
+def entry_alive(entry: dict) -> bool:
+    """Its create runs or runc has its container (running or not)."""
+    return _creator_or_container(entry, runc_made)
+
+
+def entry_running(entry: dict) -> bool:
+    """Its create runs or its container does (a stopped container that runc still
+    keeps holds its entry, but does not run)."""
+    return _creator_or_container(entry, runc_running)
 
 
 def read_json(path: str, limit: int = MAX_SMALL_FILE):
@@ -337,10 +376,13 @@ def rebuild(state_dir: str) -> dict[str, dict]:
 
 
 class State:
-    def __init__(self, state_dir: str, allocations: dict[str, dict], invalid: dict[str, dict]):
+    def __init__(self, state_dir: str, allocations: dict[str, dict], invalid: dict[str, dict],
+                 pods: dict[str, dict] | None = None, pod_problems: dict[str, str] | None = None):
         self.state_dir = state_dir
         self.allocations = allocations
         self.invalid = invalid          # name -> {"entry": as found, "reason": why}
+        self.pods = pods if pods is not None else {}   # pod_ledger.py
+        self.pod_problems = pod_problems or {}         # pod key -> why its record was dropped
         self.freed: list = []
         # Run after the state file is written, the lock still held (hamictl
         # update writes a container's region only once its record is durable).
@@ -378,6 +420,10 @@ class State:
                 os.close(fd)
         from . import boards
         boards.sweep(self.state_dir, self.allocations)
+        if self.pods:
+            from . import pod_ledger
+            for key in [k for k, ledger in self.pods.items() if not pod_ledger.alive(ledger)]:
+                self.pods.pop(key)
 
     def release(self, name: str) -> bool:
         """Frees the allocation; its files go too where they can (one that cannot
@@ -396,6 +442,8 @@ class State:
         data = {"version": VERSION, "allocations": self.allocations}
         if self.invalid:
             data["invalid"] = self.invalid
+        if self.pods:
+            data["pods"] = self.pods
         return data
 
 
@@ -423,22 +471,31 @@ def parse_state(data) -> tuple[dict[str, dict], dict[str, dict]] | None:
     return good, bad
 
 
-def _load(state_dir: str) -> tuple[dict[str, dict], dict[str, dict]]:
+def _load(state_dir: str) -> State:
     path = os.path.join(state_dir, STATE_FILE)
+    data = parsed = None
     try:
         raw = read_state_file(path, MAX_STATE_BYTES)
     except FileNotFoundError:
-        return rebuild(state_dir), {}
-    try:
-        parsed = parse_state(json.loads(raw))
-    except ValueError:
-        parsed = None
-    if parsed is not None:
-        return parsed
-    # Keep the bad file for the operator, then rebuild from what runs.
-    with contextlib.suppress(OSError):
-        os.replace(path, f"{path}.corrupt-{int(time.time())}")
-    return rebuild(state_dir), {}
+        raw = None
+    if raw is not None:
+        try:
+            data = json.loads(raw)
+            parsed = parse_state(data)
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            # Keep the bad file for the operator, then rebuild from what runs.
+            with contextlib.suppress(OSError):
+                os.replace(path, f"{path}.corrupt-{int(time.time())}")
+    state = State(state_dir, *(parsed or (rebuild(state_dir), {})))
+    if parsed is not None and "pods" in data:
+        from . import pod_ledger
+        state.pods, state.pod_problems = pod_ledger.parse(data["pods"])
+    if any("pod" in entry for entry in state.allocations.values()):
+        from . import pod_ledger
+        pod_ledger.rebuild(state.pods, state.allocations)
+    return state
 
 
 def open_lock(state_dir: str) -> int:
@@ -457,14 +514,14 @@ def transaction(state_dir: str, reconcile: bool = True) -> Iterator[State]:
     lock_fd = open_lock(state_dir)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        allocations, invalid = _load(state_dir)
-        before = json.dumps([allocations, invalid], sort_keys=True)
-        state = State(state_dir, allocations, invalid)
+        state = _load(state_dir)
+        before = json.dumps([state.allocations, state.invalid, state.pods], sort_keys=True)
         if reconcile:
             state.reconcile()
         yield state
-        if json.dumps([state.allocations, state.invalid], sort_keys=True) != before or \
-                not os.path.exists(os.path.join(state_dir, STATE_FILE)):
+        # A pod record that failed its checks was set apart at load: written out without it.
+        if json.dumps([state.allocations, state.invalid, state.pods], sort_keys=True) != before or \
+                state.pod_problems or not os.path.exists(os.path.join(state_dir, STATE_FILE)):
             atomic_write(os.path.join(state_dir, STATE_FILE),
                          (json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n").encode(),
                          0o644)

@@ -4,8 +4,8 @@ with --repair put it right, printing every finding.
 Findings: a state or lock file that is not a regular file of ours (a symlink,
 a FIFO, a device, too large, foreign-owned), a state file that does not
 parse, a containers/ or private/ that is a symlink, invalid entries (bad
-fields, or sizes and UUIDs that do not fit this node's GPUs), dead entries
-and dirs no entry owns. Repair moves a bad file aside (renaming never follows
+fields, or sizes and UUIDs that do not fit this node's GPUs), invalid pod
+records, dead entries and dirs no entry owns. Repair moves a bad file aside (renaming never follows
 a link), replaces a symlinked subdir with a real one, rebuilds an invalid
 entry from its live container's bundle or drops it, then runs one allocator
 transaction, which frees the dead and the orphaned.
@@ -80,6 +80,10 @@ def check_entries(cfg, repair: bool, out: List[str]) -> None:
                 if not store.entry_alive(entry):
                     out.append(f"entry {name!r}: its container is gone"
                                + ("; freed" if repair else ""))
+        for key, why in sorted(state.pod_problems.items()):
+            out.append(f"pod record {key!r}: invalid: {why}" + (
+                "; dropped (rebuilt, incomplete, from its allocations where any names its pod)"
+                if repair else ""))
         for name, bad in sorted(state.invalid.items()):
             line = f"entry {name!r}: invalid: {bad['reason']}"
             if repair:

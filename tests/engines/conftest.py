@@ -88,6 +88,7 @@ class Hami:
     config: Path
     state_dir: Path
     wrapper: Path
+    log: Path
 
     def render(self, example: str, target: Path) -> Path:
         """Copies examples/<example> to target, only the install path replaced."""
@@ -104,14 +105,32 @@ class Hami:
             return {}
         return {e["id"]: e for e in data.get("allocations", {}).values()}
 
+    def gpu_uuids(self) -> List[str]:
+        """The simulated GPUs' UUIDs, as hamictl lists them with this config."""
+        listed = run([VENV_BIN / "hamictl", "gpus", "--json"], check=True, timeout=60,
+                     env={**os.environ, "HAMI_CONFIG": str(self.config),
+                          "HAMI_SIM_STATE": str(self.state_dir.parent / "sim-shared" / "gpu.state")})
+        return [gpu["uuid"] for gpu in json.loads(listed.stdout)]
+
+    def pods(self) -> dict:
+        """The allocator's records of Kubernetes pods (pod_ledger.py), by key."""
+        try:
+            return json.loads((self.state_dir / "allocations.json").read_text()).get("pods", {})
+        except FileNotFoundError:
+            return {}
+
     def region_dirs(self) -> List[str]:
         """The container ids that have a region dir (named <id>@<runc root key>)."""
         base = self.state_dir / "containers"
         return sorted(n.rpartition("@")[0] for n in os.listdir(base)) if base.is_dir() else []
 
-    def assert_nothing_allocated(self) -> None:
+    def assert_nothing_allocated(self, pods_live: bool = False) -> None:
+        """No allocation or region dir; and no pod record, unless a pod still lives
+        (a removed pod's goes at the transaction of its sandbox's detached release)."""
         assert self.allocations() == {}
         assert self.region_dirs() == []
+        if not pods_live:
+            wait_for(lambda: self.pods() == {}, 15, "the removed pod's record to go")
 
 
 @pytest.fixture(scope="session")
@@ -129,13 +148,14 @@ def hami(tmp_path_factory) -> Hami:
     text, n_state = re.subn(r'(?m)^state_dir = .*$', f'state_dir = "{state_dir}"', text)
     text, n_shared = re.subn(r'(?m)^source = "[^"]*/shared"$', f'source = "{sim_shared}"', text)
     assert (n_state, n_shared) == (1, 1), "build/sim/hami.toml changed shape"
+    # The runtime's own log: what it did with each container (the pod tests read it).
     config = root / "hami.toml"
-    config.write_text(text)
+    config.write_text(f'log_file = "{root / "hami.log"}"\nlog_level = "info"\n' + text)
     wrapper = root / "bin" / "hami-runtime"
     wrapper.parent.mkdir()
     wrapper.write_text(f'#!/bin/sh\nHAMI_CONFIG="{config}" exec "{VENV_BIN / "hami-runtime"}" "$@"\n')
     wrapper.chmod(0o755)
-    return Hami(config=config, state_dir=state_dir, wrapper=wrapper)
+    return Hami(config=config, state_dir=state_dir, wrapper=wrapper, log=root / "hami.log")
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,14 @@ else:  # pragma: no cover
 
 def pod_example():
     """The Pod example's annotations and command."""
-    pod = yaml.safe_load((ROOT / "examples" / "containerd" / "pod.yaml").read_text())
-    return pod["metadata"]["annotations"], pod["spec"]["containers"][0]["command"]
+    annotations, containers = pod_containers("pod.yaml")
+    return annotations, containers[0][1]
+
+
+def pod_containers(example):
+    """A Pod example's annotations and its containers' (name, command), in the pod's order."""
+    pod = yaml.safe_load((ROOT / "examples" / "containerd" / example).read_text())
+    return pod["metadata"]["annotations"], [(c["name"], c["command"]) for c in pod["spec"]["containers"]]
 
 
 class Containerd:
