@@ -91,6 +91,14 @@ struct sim_stream *sim_stream_new(struct sim_ctx *ctx, unsigned flags)
     return s;
 }
 
+int sim_stream_stopping(struct sim_stream *s)
+{
+    pthread_mutex_lock(&s->m);
+    int stop = s->stop;
+    pthread_mutex_unlock(&s->m);
+    return stop;
+}
+
 void sim_stream_wait_idle(struct sim_stream *s)
 {
     pthread_mutex_lock(&s->m);
@@ -511,6 +519,56 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 /* Stream capture (graphs from streams) is not simulated: no stream is ever capturing. */
 STREAM_GETTER(cuStreamIsCapturing, CUstreamCaptureStatus, CU_STREAM_CAPTURE_STATUS_NONE)
 
+/* Stream capture is not simulated: beginning one is refused on a valid stream, and no stream
+ * can end one. */
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuStreamBeginCapture(CUstream hStream) { return cuStreamBeginCapture_v2(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return phGraph ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The three generations of the capture query: never capturing, so nothing besides the status. */
+CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
+                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                   const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    (void)id_out, (void)graph_out, (void)dependencies_out, (void)edgeData_out, (void)numDependencies_out;
+    if (!captureStatus_out)
+        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return cuStreamIsCapturing(hStream, captureStatus_out);  /* the other outputs are set only while capturing */
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
+                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                   size_t *numDependencies_out)
+{
+    return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out, NULL,
+                                     numDependencies_out);
+}
+
+CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out)
+{
+    return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
+}
+
 static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
@@ -533,3 +591,9 @@ SIM_PER_THREAD(cuEventRecordWithFlags, ptsz)
 SIM_PER_THREAD(cuStreamAddCallback, ptsz)
 SIM_PER_THREAD(cuLaunchHostFunc, ptsz)
 SIM_PER_THREAD(cuStreamIsCapturing, ptsz)
+SIM_PER_THREAD(cuStreamGetCaptureInfo, ptsz)
+SIM_PER_THREAD(cuStreamBeginCapture, ptsz)
+SIM_PER_THREAD(cuStreamBeginCapture_v2, ptsz)
+SIM_PER_THREAD(cuStreamEndCapture, ptsz)
+SIM_PER_THREAD(cuStreamGetCaptureInfo_v2, ptsz)
+SIM_PER_THREAD(cuStreamGetCaptureInfo_v3, ptsz)
