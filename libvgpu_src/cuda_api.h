@@ -226,6 +226,7 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
 typedef enum CUmemAllocationType_enum {
     CU_MEM_ALLOCATION_TYPE_INVALID = 0x0,
     CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+    CU_MEM_ALLOCATION_TYPE_MANAGED = 0x2,
     CU_MEM_ALLOCATION_TYPE_MAX = 0x7FFFFFFF
 } CUmemAllocationType;
 
@@ -583,6 +584,11 @@ CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, si
 CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions,
                           CUjit_option *options, void **optionValues);
 CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut);
+CUresult cuLinkCreate(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut);
+CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name,
+                       unsigned int numOptions, CUjit_option *options, void **optionValues);
+CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions,
+                       CUjit_option *options, void **optionValues);
 CUresult cuLinkDestroy(CUlinkState state);
 /* host memory, pointer attributes, copies on a stream (cuda-bindings, numba-cuda) */
 #ifndef HAMI_CHECK_AGAINST_CUDA_H
@@ -834,6 +840,20 @@ CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNod
                             size_t bufferSize);
 CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
                                char *logBuffer, size_t bufferSize);
+CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location, CUmemAllocationType type);
+CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType type);
+CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool pool);
+#ifndef HAMI_CHECK_AGAINST_CUDA_H
+typedef enum CUgraphMem_attribute_enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH
+} CUgraphMem_attribute;
+#endif
+CUresult cuDeviceGraphMemTrim(CUdevice device);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value);
+CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value);
 CUresult cuLogsRegisterCallback(CUlogsCallback callbackFunc, void *userData, CUlogsCallbackHandle *callback_out);
 CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle callback);
 CUresult cuLogsCurrent(CUlogIterator *iterator_out, unsigned int flags);
