@@ -3,7 +3,8 @@
  * here, so reading a node's parameters back gives NULL kernelParams and extra). An
  * instantiated graph is a copy of its nodes; a launch queues them on the stream in the
  * order they were added (dependencies are checked, not used: the order added is a
- * valid order). Only kernel nodes exist; stream capture is not simulated. */
+ * valid order). Only kernel nodes exist, so no graph ever holds memory of its own (the
+ * graph memory attributes read 0); stream capture is not simulated. */
 #include "sim.h"
 
 #include <stdlib.h>
@@ -249,4 +250,38 @@ CUresult cuGraphDestroy(CUgraph hGraph)
     free(g->nodes);
     free(g);
     return CUDA_SUCCESS;
+}
+
+/* ---- graph memory: only memory-allocation nodes take it, and there are none ---- */
+
+static CUresult graph_memory(CUdevice device, CUgraphMem_attribute attr, void *value)
+{
+    SIM_REQUIRE_INIT();
+    if (device < 0 || device >= sim_config()->visible)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return !value || (unsigned)attr > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value)
+{
+    CUresult rc = graph_memory(device, attr, value);
+    if (rc == CUDA_SUCCESS)
+        *(cuuint64_t *)value = 0;
+    return rc;
+}
+
+/* Only the high watermarks can be set, and only back to 0. */
+CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value)
+{
+    CUresult rc = graph_memory(device, attr, value);
+    if (rc == CUDA_SUCCESS && ((attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) ||
+                               *(cuuint64_t *)value))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    return rc;
+}
+
+CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
+    cuuint64_t none;
+    return graph_memory(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &none);
 }

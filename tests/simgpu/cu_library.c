@@ -80,13 +80,27 @@ static CUresult check_options(unsigned n, const void *options, void *const *valu
     return n && (!options || !values) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+/* Library options: CU_LIBRARY_BINARY_IS_PRESERVED takes no value (the library copies the image
+ * anyway), so values may be NULL when it is the only kind given. */
+#define LIBRARY_BINARY_IS_PRESERVED 1
+#define LIBRARY_OPTIONS 2
+static CUresult check_library_options(unsigned n, const CUlibraryOption *options, void *const *values)
+{
+    if (n && !options)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++)
+        if ((options[i] != LIBRARY_BINARY_IS_PRESERVED && !values) || (unsigned)options[i] >= LIBRARY_OPTIONS)
+            return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
                            void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
                            void **libraryOptionValues, unsigned int numLibraryOptions)
 {
     SIM_REQUIRE_INIT();
     if (!library || !code || check_options(numJitOptions, jitOptions, jitOptionsValues) ||
-        check_options(numLibraryOptions, libraryOptions, libraryOptionValues))
+        check_library_options(numLibraryOptions, libraryOptions, libraryOptionValues))
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_image img;
     CUresult rc = sim_image_parse(code, &img);  /* a malformed image is refused at once */

@@ -126,8 +126,11 @@
       7000, NULL) \
     X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, NULL) \
     X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, NULL) \
+    X(cuLinkCreate, cuLinkCreate, 5050, NULL) \
     X(cuLinkCreate, cuLinkCreate_v2, 6050, NULL) \
+    X(cuLinkAddData, cuLinkAddData, 5050, NULL) \
     X(cuLinkAddData, cuLinkAddData_v2, 6050, NULL) \
+    X(cuLinkAddFile, cuLinkAddFile, 5050, NULL) \
     X(cuLinkAddFile, cuLinkAddFile_v2, 6050, NULL) \
     X(cuLinkComplete, cuLinkComplete, 5050, NULL) \
     X(cuLinkDestroy, cuLinkDestroy, 5050, NULL) \
@@ -201,6 +204,9 @@
     X(cuStreamBatchMemOp, cuStreamBatchMemOp_v2, 11070, cuStreamBatchMemOp_v2_ptsz) \
     X(cuModuleGetLoadingMode, cuModuleGetLoadingMode, 11070, NULL) \
     X(cuModuleGetGlobal, cuModuleGetGlobal_v2, 3020, NULL) \
+    X(cuMemGetDefaultMemPool, cuMemGetDefaultMemPool, 13000, NULL) \
+    X(cuMemGetMemPool, cuMemGetMemPool, 13000, NULL) \
+    X(cuMemSetMemPool, cuMemSetMemPool, 13000, NULL) \
     X(cuCtxGetDevice, cuCtxGetDevice_v2, 13000, NULL) \
     X(cuCtxSynchronize, cuCtxSynchronize_v2, 13000, NULL) \
     X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 4000, NULL) \
@@ -221,6 +227,9 @@
     X(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams_v2, 12000, NULL) \
     X(cuGraphInstantiate, cuGraphInstantiate, 10000, NULL) \
     X(cuGraphInstantiate, cuGraphInstantiate_v2, 11000, NULL) \
+    X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, NULL) \
+    X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 11040, NULL) \
+    X(cuDeviceSetGraphMemAttribute, cuDeviceSetGraphMemAttribute, 11040, NULL) \
     X(cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyAvailableDynamicSMemPerBlock, 10020, NULL) \
     X(cuOccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters, 11070, NULL) \
     X(cuOccupancyMaxPotentialClusterSize, cuOccupancyMaxPotentialClusterSize, 11070, NULL) \
