@@ -11,5 +11,5 @@ $(TORCH_VENV)/.installed: $(TORCH_PINS) | $(BUILD)/.deps
 	$(TORCH_VENV)/bin/python -m pip install -q --no-deps -r $(TORCH_PINS)
 	touch $@
 
-test: torch
+test bench: torch
 .PHONY: torch
