@@ -1,4 +1,5 @@
-"""libvgpu against the real NVIDIA driver through PyTorch (skipped without one)."""
+"""libvgpu against the real NVIDIA driver through PyTorch (skipped without one). PyTorch is
+make test's (build/torch/venv) where it is installed, else this interpreter's."""
 import json
 import os
 import shutil
@@ -7,17 +8,16 @@ import sys
 
 import pytest
 
-from tests.conftest import LIBVGPU, ROOT
+from tests.conftest import BUILD, LIBVGPU, ROOT
 
-PROBE = [sys.executable, str(ROOT / "bench/gpu/torch_probe.py")]
+TORCH_PYTHON = BUILD / "torch" / "venv" / "bin" / "python"
+PROBE = [str(TORCH_PYTHON) if TORCH_PYTHON.exists() else sys.executable, str(ROOT / "bench/gpu/torch_probe.py")]
 
 
 def _gpu_reason():
     if not shutil.which("nvidia-smi") or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
         return "no NVIDIA driver on this machine"
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if subprocess.run([PROBE[0], "-c", "import torch"], capture_output=True).returncode:
         return "PyTorch is not installed"
     return None
 
