@@ -23,10 +23,9 @@ import pytest
 # the runtime tests' node (config, runc root, bundles) and its fixtures
 from tests.runtime.conftest import node, rootfs, sim_copy, spec_template  # noqa: F401
 
-from tests.torch.conftest import PROBE, TORCH_PYTHON, TORCH_VENV, sim_config
+from tests.torch.conftest import CUDA_VERSION, PROBE, TORCH_PYTHON, TORCH_VENV
 
 HOST_LIBS = "/usr/lib/x86_64-linux-gnu"   # libstdc++, libzstd, ... for Python, PyTorch and the driver
-SIM_DIR = "/run/hami-sim"                  # where the runtime config mounts the node's simulator state
 KERNEL_US = 430                            # a step of ResNet-18 (~420 kernels) books ~0.18 s of the card
 
 
@@ -36,15 +35,14 @@ def read_only(path) -> dict:
 
 
 def use_card(node, card_mib: int) -> dict:  # noqa: F811
-    """The node's simulated card: one of card_mib with a CUDA 13 driver, for the runtime (the env
-    returned) and its containers (the config file in the state dir they mount)."""
-    config = sim_config(node.sim_state / "sim.conf", card_mib, KERNEL_US)
-    config.chmod(0o644)
-    return {**node.env, "HAMI_SIM_CONFIG": str(config)}
+    """The node's simulated card, one of card_mib with a CUDA 13 driver, for the runtime and its
+    containers; the env to run the runtime with."""
+    node.simulate(devices=1, memory_mib=card_mib, cuda_version=CUDA_VERSION, kernel_us=KERNEL_US)
+    return node.env
 
 
 def torch_bundle(node, name, annotations, *probe_args, writable=()):  # noqa: F811
-    bundle = node.bundle(name, annotations, env=["HOME=/tmp", f"HAMI_SIM_CONFIG={SIM_DIR}/sim.conf"],
+    bundle = node.bundle(name, annotations, env=["HOME=/tmp"],
                          args=(str(TORCH_PYTHON), str(PROBE), *map(str, probe_args)))
     spec = json.loads((bundle / "config.json").read_text())
     spec["mounts"] += [read_only(p) for p in (TORCH_VENV, Path(sys.base_prefix), PROBE.parent, HOST_LIBS)]
