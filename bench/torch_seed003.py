@@ -8,7 +8,8 @@ runs the same through hami-runtime):
 - memory: a 20000 MiB slice of a 24 GiB card, for each allocator back-end: what holds
   the card after a training step and empty_cache, and the largest tensor beside it;
 - SM share: median step time at 60 % and 30 % (policy force), unlimited, and 30 %
-  under `default` alone; every kernel books --kernel-us on the card;
+  under `default` alone (an activity board with nobody on the GPU); every kernel
+  books --kernel-us on the card;
 - libvgpu's cost per training step: the same run bare and preloaded (no SM limit),
   interleaved, with the default 10 us kernels so that launches dominate.
 
@@ -67,9 +68,13 @@ def memory_rows(tmp: Path) -> None:
 
 
 def sm_rows(tmp: Path, steps: int, kernel_us: int) -> None:
+    # `default` asks the activity board who else works on the GPU: an empty one, nobody
+    board = tmp / "board"
+    (board / probe(tmp / "uuid", ["info"], kernel_us)["uuid"]).mkdir(parents=True)
     cases = [("unlimited (libvgpu, no SM limit)", {}), ("60 %, force", {"CUDA_DEVICE_SM_LIMIT": 60,
              "GPU_CORE_UTILIZATION_POLICY": "force"}), ("30 %, force", {"CUDA_DEVICE_SM_LIMIT": 30,
-             "GPU_CORE_UTILIZATION_POLICY": "force"}), ("30 %, default, alone", {"CUDA_DEVICE_SM_LIMIT": 30})]
+             "GPU_CORE_UTILIZATION_POLICY": "force"}),
+             ("30 %, default, alone", {"CUDA_DEVICE_SM_LIMIT": 30, "CUDA_ACTIVITY_BOARD": board})]
     medians = {}
     print(f"### SM share: ResNet-18 training step (batch 8), {steps} steps after 3, kernels of {kernel_us} us\n")
     print("| case | median step s | min–max s |")

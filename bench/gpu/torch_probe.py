@@ -145,7 +145,8 @@ def info(_args) -> dict:
     torch = _torch()
     props = torch.cuda.get_device_properties(0)
     free, total = torch.cuda.mem_get_info()
-    return {"count": torch.cuda.device_count(), "name": props.name, "capability": list(torch.cuda.get_device_capability(0)),
+    return {"count": torch.cuda.device_count(), "name": props.name, "uuid": f"GPU-{props.uuid}",
+            "capability": list(torch.cuda.get_device_capability(0)),
             "total_memory_mib": props.total_memory / MIB, "mem_get_info_total_mib": total / MIB,
             "mem_get_info_free_mib": free / MIB, "allocator": torch.cuda.get_allocator_backend(),
             "cuda": torch.version.cuda, "torch": torch.__version__}
