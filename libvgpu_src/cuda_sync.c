@@ -37,6 +37,7 @@ HAMI_HOOK_VOID(CUresult, cuCtxSynchronize)
     WAITING(real());
 }
 
+DEFINE_WAIT(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))  /* CUDA 13: cudaDeviceSynchronize */
 DEFINE_WAIT(cuStreamSynchronize, (CUstream hStream), (hStream))
 DEFINE_WAIT(cuStreamSynchronize_ptsz, (CUstream hStream), (hStream))
 DEFINE_WAIT(cuEventSynchronize, (CUevent hEvent), (hEvent))

@@ -54,6 +54,7 @@
     X(cuGraphLaunch, CUDA) \
     X(cuGraphLaunch_ptsz, CUDA) \
     X(cuCtxSynchronize, CUDA) \
+    X(cuCtxSynchronize_v2, CUDA) \
     X(cuStreamSynchronize, CUDA) \
     X(cuStreamSynchronize_ptsz, CUDA) \
     X(cuEventSynchronize, CUDA) \

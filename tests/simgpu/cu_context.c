@@ -364,16 +364,39 @@ CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
 CTX_GETTER(cuCtxGetDevice, CUdevice, c->dev)
 
-CUresult cuCtxSynchronize(void)
+/* CUDA 13's forms name the context (NULL: the current one). */
+static CUresult named_or_current(CUcontext ctx, struct sim_ctx **out)
+{
+    if (!ctx)
+        return sim_ctx_current_checked(out);
+    SIM_REQUIRE_INIT();
+    *out = sim_ctx_check(ctx);
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 {
     struct sim_ctx *c;
-    CUresult rc = sim_ctx_current_checked(&c);
+    CUresult rc = named_or_current(ctx, &c);
+    if (rc == CUDA_SUCCESS && !device)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *device = c->dev;
+    return rc;
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    struct sim_ctx *c;
+    CUresult rc = named_or_current(ctx, &c);
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_ctx_sync(c);
     sim_pools_sync_trim(c->dev);
     return CUDA_SUCCESS;
 }
+
+CUresult cuCtxSynchronize(void) { return cuCtxSynchronize_v2(NULL); }
 
 /* ---- context queries the CUDA runtime makes ---- */
 
@@ -402,8 +425,9 @@ CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
     return CUDA_SUCCESS;
 }
 
-/* Limits as the driver starts them on an H100-like part; set values are kept per context. */
-static const size_t limit_defaults[CU_LIMIT_MAX] = {1024, 1048576, 8388608, 2, 2048, 64, 0, 0, 0, 0};
+/* Limits as the driver starts them on an H100; set values are kept per context. CU_LIMIT_SHMEM_SIZE (7) is the shared memory kernels may use: all
+ * of an SM's on a context that shares none with graphics (CIG), as every simulated context is. */
+static const size_t limit_defaults[CU_LIMIT_MAX] = {1024, 1048576, 8388608, 2, 2048, 64, 0, SIM_SM_SHARED_BYTES, 0, 0};
 
 CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
 {
@@ -466,4 +490,28 @@ CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDe
         return CUDA_ERROR_INVALID_DEVICE;
     *canAccessPeer = 0;  /* no peer mappings between simulated cards */
     return CUDA_SUCCESS;
+}
+
+/* Peer access is never possible (cuDeviceCanAccessPeer says 0), so it cannot be enabled. */
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (Flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_ctx *peer = sim_ctx_check(peerContext);
+    if (!peer)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return peer->dev == c->dev ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return sim_ctx_check(peerContext) ? CUDA_ERROR_PEER_ACCESS_NOT_ENABLED : CUDA_ERROR_INVALID_CONTEXT;
 }

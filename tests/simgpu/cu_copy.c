@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int device_ok(CUdeviceptr ptr, size_t len)
+int sim_device_range_ok(CUdeviceptr ptr, size_t len)
 {
     return !len || sim_alloc_containing((uintptr_t)ptr, len) || sim_vmm_accessible((uintptr_t)ptr, len);
 }
@@ -53,7 +53,7 @@ static CUresult enqueue(CUstream stream, struct copy op, int stage)
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
 {
     SIM_REQUIRE_INIT();
-    if (!device_ok(dstDevice, ByteCount) || (ByteCount && !srcHost))
+    if (!sim_device_range_ok(dstDevice, ByteCount) || (ByteCount && !srcHost))
         return CUDA_ERROR_INVALID_VALUE;
     return enqueue(hStream, (struct copy){.dst = (void *)(uintptr_t)dstDevice, .src = srcHost, .len = ByteCount}, 1);
 }
@@ -61,7 +61,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t
 CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
     SIM_REQUIRE_INIT();
-    if (!device_ok(srcDevice, ByteCount) || (ByteCount && !dstHost))
+    if (!sim_device_range_ok(srcDevice, ByteCount) || (ByteCount && !dstHost))
         return CUDA_ERROR_INVALID_VALUE;
     return enqueue(hStream, (struct copy){.dst = dstHost, .src = (const void *)(uintptr_t)srcDevice, .len = ByteCount},
                    0);
@@ -70,7 +70,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
     SIM_REQUIRE_INIT();
-    if (!device_ok(dstDevice, ByteCount) || !device_ok(srcDevice, ByteCount))
+    if (!sim_device_range_ok(dstDevice, ByteCount) || !sim_device_range_ok(srcDevice, ByteCount))
         return CUDA_ERROR_INVALID_VALUE;
     struct copy op = {.dst = (void *)(uintptr_t)dstDevice, .src = (const void *)(uintptr_t)srcDevice, .len = ByteCount};
     return enqueue(hStream, op, 0);
@@ -79,7 +79,7 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size
 CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
 {
     SIM_REQUIRE_INIT();
-    if (!device_ok(dstDevice, N))
+    if (!sim_device_range_ok(dstDevice, N))
         return CUDA_ERROR_INVALID_VALUE;
     return enqueue(hStream, (struct copy){.dst = (void *)(uintptr_t)dstDevice, .len = N, .fill = 1, .value = uc}, 0);
 }
@@ -91,7 +91,7 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t By
     CUresult rc = sim_ctx_current_checked(&ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!device_ok(dstDevice, ByteCount) || !device_ok(srcDevice, ByteCount))
+    if (!sim_device_range_ok(dstDevice, ByteCount) || !sim_device_range_ok(srcDevice, ByteCount))
         return CUDA_ERROR_INVALID_VALUE;
     sim_ctx_sync(ctx);
     if (ByteCount)
@@ -124,3 +124,92 @@ CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size
 {
     return cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount);
 }
+
+/* ---- 2D copies: rows of WidthInBytes, each side at its own pitch ---- */
+
+struct copy2d {
+    unsigned char *dst;
+    const unsigned char *src;
+    size_t dst_pitch, src_pitch, width, height;
+    unsigned char staged[];              /* a host source taken at queue time, rows packed */
+};
+
+static void copy_rows(const struct copy2d *c)
+{
+    for (size_t row = 0; row < c->height; row++)
+        memmove(c->dst + row * c->dst_pitch, c->src + row * c->src_pitch, c->width);
+}
+
+static void run_copy2d(void *arg)
+{
+    copy_rows(arg);
+    free(arg);
+}
+
+/* One side of a 2D copy: its first byte, and whether it is host memory. Arrays are not
+ * copied to or from (CUDA_ERROR_NOT_SUPPORTED); device rows must lie in device memory. */
+static CUresult side2d(CUmemorytype type, const void *host, CUdeviceptr dev, size_t x, size_t y, size_t pitch,
+                       size_t width, size_t height, unsigned char **at, int *is_host)
+{
+    if (type == CU_MEMORYTYPE_ARRAY)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    uintptr_t base = type == CU_MEMORYTYPE_HOST ? (uintptr_t)host : (uintptr_t)dev;
+    if (!base || (height > 1 && pitch < width) || (type != CU_MEMORYTYPE_HOST && type != CU_MEMORYTYPE_DEVICE &&
+                                                  type != CU_MEMORYTYPE_UNIFIED))
+        return CUDA_ERROR_INVALID_VALUE;
+    *at = (unsigned char *)base + y * pitch + x;
+    size_t span = height ? (height - 1) * pitch + width : 0;
+    int device = sim_device_range_ok((CUdeviceptr)(uintptr_t)*at, span);
+    if (type == CU_MEMORYTYPE_DEVICE && !device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *is_host = !device;                  /* unified addresses: whichever the pointer is */
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy2d(const CUDA_MEMCPY2D *p, CUstream stream, int async)
+{
+    SIM_REQUIRE_INIT();
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *dst, *src;
+    int dst_host, src_host;
+    CUresult rc = side2d(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes, p->dstY, p->dstPitch,
+                         p->WidthInBytes, p->Height, &dst, &dst_host);
+    if (rc == CUDA_SUCCESS)
+        rc = side2d(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes, p->srcY, p->srcPitch,
+                    p->WidthInBytes, p->Height, &src, &src_host);
+    if (rc != CUDA_SUCCESS || !p->WidthInBytes || !p->Height)
+        return rc;
+    struct copy2d op = {dst, src, p->dstPitch, p->srcPitch, p->WidthInBytes, p->Height};
+    if (!async) {                        /* as on the legacy stream: the context's queued work first */
+        struct sim_ctx *ctx;
+        if ((rc = sim_ctx_current_checked(&ctx)) != CUDA_SUCCESS)
+            return rc;
+        sim_ctx_sync(ctx);
+        copy_rows(&op);
+        return CUDA_SUCCESS;
+    }
+    struct sim_stream *s;
+    if ((rc = sim_stream_resolve(stream, &s)) != CUDA_SUCCESS)
+        return rc;
+    size_t staged = src_host ? p->WidthInBytes * p->Height : 0;
+    struct copy2d *c = malloc(sizeof *c + staged);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = op;
+    if (staged) {
+        for (size_t row = 0; row < p->Height; row++)
+            memcpy(c->staged + row * p->WidthInBytes, src + row * p->srcPitch, p->WidthInBytes);
+        c->src = c->staged;
+        c->src_pitch = p->WidthInBytes;
+    }
+    sim_stream_enqueue_call(s, run_copy2d, c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy) { return copy2d(pCopy, NULL, 0); }
+CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *pCopy) { return copy2d(pCopy, NULL, 0); }
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream) { return copy2d(pCopy, hStream, 1); }
+SIM_PER_THREAD(cuMemcpy2D_v2, ptds)
+SIM_PER_THREAD(cuMemcpy2DUnaligned_v2, ptds)
+SIM_PER_THREAD(cuMemcpy2DAsync_v2, ptsz)

@@ -18,8 +18,10 @@
  *   8  (const fat binary header *, CUmodule *, void *, void *, unsigned):
  *      as 6, from the bare header
  *   12 (): make the JIT compilers ready: nothing to load here
- * tools thread-local state 42d85a81-23f6-cb47-8298-f6e78a3aecdc, 4 slots:
- *   the size only
+ * tools thread-local state 42d85a81-23f6-cb47-8298-f6e78a3aecdc, 4 slots
+ *   2 (CUcontext *): the calling thread's current context, as cuCtxGetCurrent
+ *      answers it (the two agree on the real driver, context by context);
+ *      cuBLASLt 13 asks it at every API call and has no algorithm without it
  * tools callback buffers a094798c-2e74-2e74-93f2-0800200c0a66, 7 slots
  *   2, 6 (void **buffer, size_t *count): zeroed buffers of 1024 and 14
  *      32-bit words that a profiler would fill; nothing fills them here
@@ -29,6 +31,9 @@
  *   2 get (void **value, CUcontext, key): CUDA_ERROR_INVALID_HANDLE if absent
  *   Values live with the context; when it goes (destroy, last primary
  *   release, reset) each destructor is called with (ctx, key, value).
+ * context identity 21318c60-9714-3248-8ca6-41ff7324c8f2, 5 slots
+ *   4 (CUcontext, unsigned long long *id): the context's id, as cuCtxGetId
+ *      answers it (the two agree on the real driver); cuBLASLt 13 asks it
  * driver check d4082055-bde6-704b-8d34-ba123c66e1f2: cu_export_check.c
  * context checks 263e8860-7cd2-6143-92f6-bbd5006dfa7e, 4 slots
  *   2 (CUcontext, unsigned *flags, void **): flags 0 (no special state)
@@ -122,12 +127,13 @@ static const void *runtime_table[13] = {
 
 /* ---- tools ---- */
 
+static CUresult tools_current_context(CUcontext *pctx) { return cuCtxGetCurrent(pctx); }
+
 SIM_UNSUPPORTED_SLOT(tools_tls, 1)
-SIM_UNSUPPORTED_SLOT(tools_tls, 2)
 SIM_UNSUPPORTED_SLOT(tools_tls, 3)
 
 static const void *tools_tls_table[4] = {
-    (void *)(4 * sizeof(void *)), (void *)unsupported_tools_tls_1, (void *)unsupported_tools_tls_2,
+    (void *)(4 * sizeof(void *)), (void *)unsupported_tools_tls_1, (void *)tools_current_context,
     (void *)unsupported_tools_tls_3,
 };
 
@@ -269,6 +275,19 @@ static const void *checks_table[4] = {
     (void *)check_nothing_pending,
 };
 
+/* ---- context identity ---- */
+
+static CUresult context_id(CUcontext ctx, unsigned long long *id) { return cuCtxGetId(ctx, id); }
+
+SIM_UNSUPPORTED_SLOT(identity, 1)
+SIM_UNSUPPORTED_SLOT(identity, 2)
+SIM_UNSUPPORTED_SLOT(identity, 3)
+
+static const void *identity_table[5] = {
+    (void *)(5 * sizeof(void *)), (void *)unsupported_identity_1, (void *)unsupported_identity_2,
+    (void *)unsupported_identity_3, (void *)context_id,
+};
+
 /* ---- lookup ---- */
 
 const void *const *sim_export_runtime_table(void) { return runtime_table; }
@@ -286,6 +305,8 @@ static const struct export_table tables[] = {
      cls_table},
     {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e},
      checks_table},
+    {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
+     identity_table},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}, NULL},
 };
 

@@ -10,7 +10,7 @@
 #define SM_THREADS 2048
 #define SM_BLOCKS 32
 #define SM_REGS 65536
-#define SM_SHARED (228 * 1024)
+#define SM_SHARED SIM_SM_SHARED_BYTES
 #define BLOCK_SHARED_OPTIN (227 * 1024)  /* the most dynamic shared memory a block may opt in to */
 #define BLOCK_SHARED_DEFAULT 49152
 #define REGS_PER_THREAD 32
@@ -78,13 +78,16 @@ CUresult sim_func_attr_set(uintptr_t key, CUfunction_attribute attrib, int value
     return a ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* A function handle, or a kernel handle standing for one, as attribute key. */
+/* The attribute key of a function or kernel handle: a library kernel's function shares its
+ * kernel's attributes (what cuKernelSetAttribute sets, cuFuncGetAttribute and the occupancy
+ * calls see). */
 static CUresult func_key(CUfunction f, uintptr_t *key)
 {
     SIM_REQUIRE_INIT();
     if (!sim_handle_get((uintptr_t)f, SIM_KIND_FUNC) && !sim_handle_get((uintptr_t)f, SIM_KIND_KERNEL))
         return CUDA_ERROR_INVALID_HANDLE;
-    *key = (uintptr_t)f;
+    CUkernel k = sim_func_kernel(f);
+    *key = k ? (uintptr_t)k : (uintptr_t)f;
     return CUDA_SUCCESS;
 }
 
@@ -141,6 +144,102 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CU
     if (flags > 1)                       /* CU_OCCUPANCY_DEFAULT, CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE */
         return CUDA_ERROR_INVALID_VALUE;
     return occupancy(numBlocks, func, blockSize, dynamicSMemSize);
+}
+
+/* The most dynamic shared memory a block may take so that numBlocks blocks of blockSize threads
+ * are resident on one SM together (0 when that many cannot be, whatever their shared memory). */
+CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func, int numBlocks,
+                                                 int blockSize)
+{
+    uintptr_t key;
+    CUresult rc = func_key(func, &key);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dynamicSmemSize || numBlocks <= 0 || blockSize <= 0 || blockSize > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t per_block = SM_SHARED / (size_t)numBlocks / 128 * 128;
+    per_block = per_block > 1024 ? per_block - 1024 : 0;
+    *dynamicSmemSize = blocks_per_sm(blockSize, 0) < numBlocks ? 0
+                       : per_block < BLOCK_SHARED_OPTIN ? per_block : BLOCK_SHARED_OPTIN;
+    return CUDA_SUCCESS;
+}
+
+/* Thread block clusters: the launch's cluster dimension, else the kernel's required one, else 1. A
+ * cluster's blocks are resident in one GPC. The card's SMs are laid out as an H100 SXM's: in pairs
+ * (TPCs) spread over 8 GPCs as evenly as they go (132 SMs: two GPCs of 18, six of 16). A cluster of
+ * more than 8 blocks needs the kernel's NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 16 at most. */
+#define CLUSTER_PORTABLE 8
+#define CLUSTER_MAX 16
+#define GPCS 8
+
+/* SMs in GPC g. */
+static int gpc_sms(int g)
+{
+    int tpcs = sim_config()->sms / 2;
+    return 2 * (tpcs / GPCS + (g < tpcs % GPCS)) + (g == GPCS - 1 ? sim_config()->sms % 2 : 0);
+}
+
+static CUresult cluster_blocks(uintptr_t key, const CUlaunchConfig *config, int *blocks)
+{
+    unsigned dim[3] = {0, 0, 0};
+    for (unsigned i = 0; i < config->numAttrs; i++)
+        if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+            dim[0] = config->attrs[i].value.clusterDim.x;
+            dim[1] = config->attrs[i].value.clusterDim.y;
+            dim[2] = config->attrs[i].value.clusterDim.z;
+        }
+    CUfunction_attribute required[3] = {CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH,
+                                        CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+                                        CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH};
+    int value, non_portable;
+    for (int i = 0; i < 3 && !dim[0]; i++) {
+        CUresult rc = sim_func_attr_get(key, required[i], &value);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        dim[i] = (unsigned)value;
+    }
+    for (int i = 0; i < 3; i++)
+        dim[i] = dim[i] ? dim[i] : 1;
+    CUresult rc = sim_func_attr_get(key, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, &non_portable);
+    uint64_t n = (uint64_t)dim[0] * dim[1] * dim[2];
+    if (rc == CUDA_SUCCESS && n > (non_portable ? CLUSTER_MAX : CLUSTER_PORTABLE))
+        rc = CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    *blocks = (int)n;
+    return rc;
+}
+
+CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config)
+{
+    uintptr_t key;
+    CUresult rc = func_key(func, &key);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!numClusters || !config || (config->numAttrs && !config->attrs))
+        return CUDA_ERROR_INVALID_VALUE;
+    int per_cluster, per_sm;
+    unsigned threads = config->blockDimX * config->blockDimY * config->blockDimZ;
+    if ((rc = cluster_blocks(key, config, &per_cluster)) != CUDA_SUCCESS ||
+        (rc = occupancy(&per_sm, func, (int)threads, config->sharedMemBytes)) != CUDA_SUCCESS)
+        return rc;
+    *numClusters = 0;
+    for (int g = 0; g < GPCS; g++)
+        *numClusters += per_sm * gpc_sms(g) / per_cluster;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config)
+{
+    uintptr_t key;
+    CUresult rc = func_key(func, &key);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int non_portable;
+    if (!clusterSize || !config)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = sim_func_attr_get(key, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, &non_portable)) != CUDA_SUCCESS)
+        return rc;
+    *clusterSize = non_portable ? CLUSTER_MAX : CLUSTER_PORTABLE;
+    return CUDA_SUCCESS;
 }
 
 /* The block size (a multiple of 32) with the most resident threads per SM, the

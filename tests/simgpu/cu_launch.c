@@ -1,4 +1,4 @@
-/* Driver API: modules, kernel launches and kernel graphs. Modules are read as the
+/* Driver API: modules and kernel launches. Modules are read as the
  * driver reads them (sim_image.c): cuModuleGetFunction finds only the kernels an
  * image holds. The simulator's test kernels (`spin`, `sleep_kernel`, `empty`, in a
  * test image or in a real one that defines them) take their duration in
@@ -9,11 +9,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct sim_module { struct sim_ctx *ctx; struct sim_image image; };
+struct module_global { char *name; CUdeviceptr ptr; size_t size; struct module_global *next; };
+struct sim_module {
+    struct sim_ctx *ctx;
+    struct sim_image image;              /* what it holds, as read */
+    void *bytes;                         /* its own copy of the image, for its globals */
+    size_t size;
+    pthread_mutex_t lock;                /* guards globals */
+    struct module_global *globals;
+};
 struct sim_func {
     struct sim_module *mod;
     const char *name;
     int cache_config;
+    CUkernel kernel;                     /* the library kernel it is the function of, if any */
 };
 
 static CUresult load_module(CUmodule *module, const void *image)
@@ -22,14 +31,22 @@ static CUresult load_module(CUmodule *module, const void *image)
     CUresult rc = sim_ctx_current_checked(&ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
+    const void *raw = sim_image_unwrap(image);
+    size_t size = sim_image_size(raw);
     struct sim_module *m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m || !(m->bytes = malloc(size))) {
+        free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     rc = sim_image_parse(image, &m->image);
     if (rc != CUDA_SUCCESS) {
+        free(m->bytes);
         free(m);
         return rc;
     }
+    memcpy(m->bytes, raw, size);
+    m->size = size;
+    pthread_mutex_init(&m->lock, NULL);
     m->ctx = ctx;
     sim_handle_put((uintptr_t)m, SIM_KIND_MODULE, m);
     *module = (CUmodule)m;
@@ -66,6 +83,17 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int nu
     if (numOptions > 0 && (!options || !optionValues))
         return CUDA_ERROR_INVALID_VALUE;
     return cuModuleLoadData(module, image);
+}
+
+/* CUDA_MODULE_LOADING says how the runtime loads modules: LAZY (the default) or EAGER. */
+CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
+{
+    SIM_REQUIRE_INIT();
+    if (!mode)
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *env = getenv("CUDA_MODULE_LOADING");
+    *mode = env && !strcmp(env, "EAGER") ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
+    return CUDA_SUCCESS;
 }
 
 struct func_key { struct sim_module *mod; const char *name; };
@@ -125,9 +153,76 @@ CUresult cuModuleUnload(CUmodule hmod)
         sim_handle_take((uintptr_t)f, SIM_KIND_FUNC);
         func_free(f);
     }
+    for (struct module_global *g = m->globals, *next; g; g = next) {
+        next = g->next;  /* their memory is the context's module heap, which only grows */
+        free(g->name);
+        free(g);
+    }
+    pthread_mutex_destroy(&m->lock);
     sim_image_free(&m->image);
+    free(m->bytes);
     free(m);
     return CUDA_SUCCESS;
+}
+
+/* A global variable of the module's image: placed in its context's module heap the first time
+ * it is asked for, with its initial data (cubins) or zeroed. */
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_module *m = sim_handle_get((uintptr_t)hmod, SIM_KIND_MODULE);
+    if (!m || !sim_ctx_check((CUcontext)m->ctx))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&m->lock);
+    struct module_global *g = m->globals;
+    while (g && strcmp(g->name, name))
+        g = g->next;
+    if (!g) {
+        size_t size = 0;
+        void *init = NULL;
+        if (!sim_image_global(m->bytes, m->size, name, &size, &init))
+            rc = CUDA_ERROR_NOT_FOUND;
+        else if (!(g = calloc(1, sizeof *g)) || !(g->name = strdup(name)))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            rc = sim_ctx_heap(m->ctx, size ? size : 1, &g->ptr);
+        if (rc == CUDA_SUCCESS) {
+            if (init)
+                memcpy((void *)(uintptr_t)g->ptr, init, size);
+            else
+                memset((void *)(uintptr_t)g->ptr, 0, size);
+            g->size = size;
+            g->next = m->globals;
+            m->globals = g;
+        } else if (g) {
+            free(g->name);
+            free(g);
+            g = NULL;
+        }
+        free(init);
+    }
+    if (g && dptr)
+        *dptr = g->ptr;
+    if (g && bytes)
+        *bytes = g->size;
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
+void sim_func_bind_kernel(CUfunction f, CUkernel k)
+{
+    struct sim_func *fn = sim_handle_get((uintptr_t)f, SIM_KIND_FUNC);
+    if (fn)
+        fn->kernel = k;
+}
+
+CUkernel sim_func_kernel(CUfunction f)
+{
+    struct sim_func *fn = sim_handle_get((uintptr_t)f, SIM_KIND_FUNC);
+    return fn ? fn->kernel : NULL;
 }
 
 /* ---- what the runtime asks of a kernel beyond its attributes (cu_function.c) ---- */
@@ -156,8 +251,6 @@ CUresult cuFuncGetName(const char **name, CUfunction hfunc)
     return CUDA_SUCCESS;
 }
 
-/* How long a kernel runs: a test kernel's first parameter, else the configured time. */
-static CUresult kernel_time(struct sim_func *f, void **kernelParams, void **extra, uint64_t *dur_us);
 
 /* The kernel's duration: its first parameter, from kernelParams or the packed `extra` buffer. */
 static CUresult kernel_duration(void **kernelParams, void **extra, uint64_t *dur_us)
@@ -187,12 +280,19 @@ static CUresult kernel_duration(void **kernelParams, void **extra, uint64_t *dur
     return CUDA_SUCCESS;
 }
 
+/* How long a kernel runs: a test kernel's first parameter, else the configured time. */
 static CUresult kernel_time(struct sim_func *f, void **kernelParams, void **extra, uint64_t *dur_us)
 {
     if (sim_image_test_kernel(f->name))
         return kernel_duration(kernelParams, extra, dur_us);
     *dur_us = sim_config()->kernel_us;
     return kernelParams && extra ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult sim_kernel_time(CUfunction f, void **kernelParams, void **extra, uint64_t *dur_us)
+{
+    struct sim_func *fn = sim_handle_get((uintptr_t)sim_kernel_resolve(f), SIM_KIND_FUNC);
+    return fn ? kernel_time(fn, kernelParams, extra, dur_us) : CUDA_ERROR_INVALID_HANDLE;
 }
 
 struct launch {
@@ -290,100 +390,3 @@ CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void 
 {
     return cuLaunchKernelEx(config, f, kernelParams, extra);
 }
-
-/* ---- graphs: kernel nodes, run in the order they were added ---- */
-
-struct graph_node { uint64_t dur_us; };
-struct sim_graph { struct graph_node *nodes; size_t count; };
-
-CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
-{
-    SIM_REQUIRE_INIT();
-    if (!phGraph || flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_graph *g = calloc(1, sizeof *g);
-    if (!g)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    sim_handle_put((uintptr_t)g, SIM_KIND_GRAPH, g);
-    *phGraph = (CUgraph)g;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                 size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS *nodeParams)
-{
-    SIM_REQUIRE_INIT();
-    struct sim_graph *g = sim_handle_get((uintptr_t)hGraph, SIM_KIND_GRAPH);
-    if (!g)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!phGraphNode || !nodeParams || (numDependencies && !dependencies))
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!sim_handle_get((uintptr_t)nodeParams->func, SIM_KIND_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t dur_us;
-    CUresult rc = kernel_time(sim_handle_get((uintptr_t)nodeParams->func, SIM_KIND_FUNC), nodeParams->kernelParams,
-                              nodeParams->extra, &dur_us);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct graph_node *nodes = realloc(g->nodes, (g->count + 1) * sizeof *nodes);
-    if (!nodes)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    g->nodes = nodes;
-    g->nodes[g->count].dur_us = dur_us;  /* parameters are copied when the node is added */
-    g->count++;
-    *phGraphNode = (CUgraphNode)(uintptr_t)g->count;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
-{
-    SIM_REQUIRE_INIT();
-    (void)flags;
-    struct sim_graph *g = sim_handle_get((uintptr_t)hGraph, SIM_KIND_GRAPH);
-    if (!g)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!phGraphExec)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_graph *e = calloc(1, sizeof *e);
-    if (!e || (g->count && !(e->nodes = malloc(g->count * sizeof *e->nodes)))) {
-        free(e);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (g->count)
-        memcpy(e->nodes, g->nodes, g->count * sizeof *e->nodes);
-    e->count = g->count;
-    sim_handle_put((uintptr_t)e, SIM_KIND_GRAPH_EXEC, e);
-    *phGraphExec = (CUgraphExec)e;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
-{
-    SIM_REQUIRE_INIT();
-    struct sim_graph *e = sim_handle_get((uintptr_t)hGraphExec, SIM_KIND_GRAPH_EXEC);
-    if (!e)
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    for (size_t i = 0; i < e->count; i++)
-        sim_stream_enqueue_kernel(s, e->nodes[i].dur_us);
-    return CUDA_SUCCESS;
-}
-
-CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) { return cuGraphLaunch(hGraphExec, hStream); }
-
-static CUresult graph_free(CUgraph h, int kind)
-{
-    SIM_REQUIRE_INIT();
-    struct sim_graph *g = sim_handle_take((uintptr_t)h, kind);
-    if (!g)
-        return CUDA_ERROR_INVALID_HANDLE;
-    free(g->nodes);
-    free(g);
-    return CUDA_SUCCESS;
-}
-
-CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) { return graph_free((CUgraph)hGraphExec, SIM_KIND_GRAPH_EXEC); }
-CUresult cuGraphDestroy(CUgraph hGraph) { return graph_free(hGraph, SIM_KIND_GRAPH); }

@@ -14,20 +14,11 @@ struct ctx_module {
     struct ctx_module *next;
 };
 
-struct ctx_global {
-    struct sim_ctx *ctx;
-    char *name;
-    CUdeviceptr ptr;
-    size_t size;
-    struct ctx_global *next;
-};
-
 struct sim_library {
     void *image;
     size_t size;
-    pthread_mutex_t lock;                /* guards modules, globals and every kernel's functions */
+    pthread_mutex_t lock;                /* guards modules and every kernel's functions */
     struct ctx_module *modules;
-    struct ctx_global *globals;
 };
 
 struct ctx_function {
@@ -89,13 +80,27 @@ static CUresult check_options(unsigned n, const void *options, void *const *valu
     return n && (!options || !values) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+/* Library options: CU_LIBRARY_BINARY_IS_PRESERVED takes no value (the library copies the image
+ * anyway), so values may be NULL when it is the only kind given. */
+#define LIBRARY_BINARY_IS_PRESERVED 1
+#define LIBRARY_OPTIONS 2
+static CUresult check_library_options(unsigned n, const CUlibraryOption *options, void *const *values)
+{
+    if (n && !options)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++)
+        if ((options[i] != LIBRARY_BINARY_IS_PRESERVED && !values) || (unsigned)options[i] >= LIBRARY_OPTIONS)
+            return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
                            void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
                            void **libraryOptionValues, unsigned int numLibraryOptions)
 {
     SIM_REQUIRE_INIT();
     if (!library || !code || check_options(numJitOptions, jitOptions, jitOptionsValues) ||
-        check_options(numLibraryOptions, libraryOptions, libraryOptionValues))
+        check_library_options(numLibraryOptions, libraryOptions, libraryOptionValues))
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_image img;
     CUresult rc = sim_image_parse(code, &img);  /* a malformed image is refused at once */
@@ -153,14 +158,6 @@ CUresult cuLibraryUnload(CUlibrary library)
         }
         free(k->name);
         free(k);
-    }
-    for (struct ctx_global *g = lib->globals, *next; g; g = next) {
-        next = g->next;
-        struct sim_alloc *a = sim_ctx_check((CUcontext)g->ctx) ? sim_handle_take(g->ptr, SIM_KIND_ALLOC) : NULL;
-        if (a)
-            sim_alloc_release(a);
-        free(g->name);
-        free(g);
     }
     for (struct ctx_module *m = lib->modules, *next; m; m = next) {
         next = m->next;
@@ -222,6 +219,7 @@ static CUresult function_here(struct sim_kernel *k, CUfunction *out)
     f->ctx = ctx;
     f->next = k->functions;
     k->functions = f;
+    sim_func_bind_kernel(f->fn, (CUkernel)k);  /* its attributes are the kernel's */
     *out = f->fn;
     return CUDA_SUCCESS;
 }
@@ -362,8 +360,7 @@ CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel ker
     return rc != CUDA_SUCCESS ? rc : sim_func_attr_set((uintptr_t)kernel, attrib, val);
 }
 
-/* ---- global variables: found in the library's image, given device memory per context ---- */
-
+/* A global variable is its module's, in the current context (cuModuleGetGlobal_v2). */
 CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)
 {
     SIM_REQUIRE_INIT();
@@ -372,41 +369,9 @@ CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library,
         return CUDA_ERROR_INVALID_HANDLE;
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
-    struct sim_ctx *ctx;
-    CUresult rc = sim_ctx_current_checked(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    CUmodule mod;
     pthread_mutex_lock(&lib->lock);
-    struct ctx_global *g = lib->globals;
-    while (g && (g->ctx != ctx || strcmp(g->name, name)))
-        g = g->next;
-    if (!g) {
-        size_t size = 0;
-        const void *init = NULL;
-        int found = sim_image_global(lib->image, lib->size, name, &size, &init);
-        rc = !found ? CUDA_ERROR_NOT_FOUND : !(g = calloc(1, sizeof *g)) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-        if (rc == CUDA_SUCCESS && !(g->name = strdup(name)))
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        if (rc == CUDA_SUCCESS)
-            rc = sim_alloc_device(ctx, size ? size : 1, &g->ptr);
-        if (rc != CUDA_SUCCESS) {
-            if (g)
-                free(g->name);
-            free(g);
-            pthread_mutex_unlock(&lib->lock);
-            return rc;
-        }
-        if (init)
-            memcpy((void *)(uintptr_t)g->ptr, init, size);
-        g->ctx = ctx;
-        g->size = size;
-        g->next = lib->globals;
-        lib->globals = g;
-    }
-    if (dptr)
-        *dptr = g->ptr;
-    if (bytes)
-        *bytes = g->size;
+    CUresult rc = module_here(lib, &mod);
     pthread_mutex_unlock(&lib->lock);
-    return CUDA_SUCCESS;
+    return rc != CUDA_SUCCESS ? rc : cuModuleGetGlobal_v2(dptr, bytes, mod, name);
 }

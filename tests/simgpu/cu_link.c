@@ -180,3 +180,8 @@ CUresult cuLinkDestroy(CUlinkState state)
     free(l);
     return CUDA_SUCCESS;
 }
+
+/* The legacy exports (before 6.5) take the same arguments with the same meaning. */
+extern __typeof__(cuLinkCreate_v2) cuLinkCreate __attribute__((alias("cuLinkCreate_v2")));
+extern __typeof__(cuLinkAddData_v2) cuLinkAddData __attribute__((alias("cuLinkAddData_v2")));
+extern __typeof__(cuLinkAddFile_v2) cuLinkAddFile __attribute__((alias("cuLinkAddFile_v2")));

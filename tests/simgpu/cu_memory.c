@@ -72,8 +72,36 @@ static int owned_by_ctx(void *val, void *arg)
     return a->ctx == arg && !a->pool;
 }
 
+#define HEAP_ALIGN 256
+
+static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER;
+
+CUresult sim_ctx_heap(struct sim_ctx *ctx, size_t size, CUdeviceptr *out)
+{
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&heap_lock);
+    size_t at = sim_round_up(ctx->heap_used, HEAP_ALIGN);
+    if (!ctx->heap_page || at + size > ctx->heap_size) {
+        size_t page = sim_round_up(size, SIM_PAGE);
+        if ((rc = sim_alloc_device(ctx, page, &ctx->heap_page)) == CUDA_SUCCESS) {
+            ctx->heap_size = page;
+            at = 0;
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        *out = ctx->heap_page + at;
+        ctx->heap_used = at + size;
+    }
+    pthread_mutex_unlock(&heap_lock);
+    return rc;
+}
+
 void sim_free_ctx_allocations(struct sim_ctx *ctx)
 {
+    pthread_mutex_lock(&heap_lock);
+    ctx->heap_page = 0;                  /* its pages go with the rest */
+    ctx->heap_used = ctx->heap_size = 0;
+    pthread_mutex_unlock(&heap_lock);
     struct sim_alloc *a;
     while ((a = sim_handle_find(SIM_KIND_ALLOC, owned_by_ctx, ctx))) {
         sim_handle_take(a->base, SIM_KIND_ALLOC);
@@ -146,6 +174,33 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
         return CUDA_ERROR_OUT_OF_MEMORY;  /* never fits; and rounding it up could wrap */
     return alloc_charged(ctx, bytesize, sim_round_up(bytesize, SIM_PAGE), 1, dptr);
 }
+
+/* Prefetching managed memory: its pages stay in host memory here (see cuMemAllocManaged), so a
+ * valid request, in stream order, moves nothing. */
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                               CUstream hStream)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct sim_alloc *a = count ? sim_alloc_containing((uintptr_t)devPtr, count) : NULL;
+    int to_device = location.type == CU_MEM_LOCATION_TYPE_DEVICE && location.id >= 0 &&
+                    location.id < sim_config()->visible;
+    if (!a || !a->managed || flags || (!to_device && location.type != CU_MEM_LOCATION_TYPE_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+/* The legacy form: a device ordinal, or CU_DEVICE_CPU (-1) for the host. */
+CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{
+    CUmemLocation to = {dstDevice == -1 ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE, dstDevice};
+    return cuMemPrefetchAsync_v2(devPtr, count, to, 0, hStream);
+}
+SIM_PER_THREAD(cuMemPrefetchAsync, ptsz)
+SIM_PER_THREAD(cuMemPrefetchAsync_v2, ptsz)
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {

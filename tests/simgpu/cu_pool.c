@@ -222,6 +222,41 @@ CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     return CUDA_SUCCESS;
 }
 
+/* CUDA 13's forms name a location and an allocation type: a device's pinned pools are the ones
+ * above; the simulator has no host or managed pools. */
+static CUresult device_of_location(const CUmemLocation *location, CUmemAllocationType type, CUdevice *dev)
+{
+    SIM_REQUIRE_INIT();
+    if (!location || (type != CU_MEM_ALLOCATION_TYPE_PINNED && type != CU_MEM_ALLOCATION_TYPE_MANAGED))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return location->type == CU_MEM_LOCATION_TYPE_DEVICE || location->type == CU_MEM_LOCATION_TYPE_HOST
+                   ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    *dev = location->id;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location, CUmemAllocationType type)
+{
+    CUdevice dev;
+    CUresult rc = device_of_location(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceGetDefaultMemPool(pool_out, dev);
+}
+
+CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType type)
+{
+    CUdevice dev;
+    CUresult rc = device_of_location(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceGetMemPool(pool, dev);
+}
+
+CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool pool)
+{
+    CUdevice dev;
+    CUresult rc = device_of_location(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceSetMemPool(dev, pool);
+}
+
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct sim_pool *p, CUstream hStream)
 {
     struct sim_stream *s;

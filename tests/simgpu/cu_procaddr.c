@@ -126,8 +126,11 @@
       7000, NULL) \
     X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, NULL) \
     X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, NULL) \
+    X(cuLinkCreate, cuLinkCreate, 5050, NULL) \
     X(cuLinkCreate, cuLinkCreate_v2, 6050, NULL) \
+    X(cuLinkAddData, cuLinkAddData, 5050, NULL) \
     X(cuLinkAddData, cuLinkAddData_v2, 6050, NULL) \
+    X(cuLinkAddFile, cuLinkAddFile, 5050, NULL) \
     X(cuLinkAddFile, cuLinkAddFile_v2, 6050, NULL) \
     X(cuLinkComplete, cuLinkComplete, 5050, NULL) \
     X(cuLinkDestroy, cuLinkDestroy, 5050, NULL) \
@@ -180,7 +183,75 @@
     X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz) \
     X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, 10010, NULL) \
     X(cuFuncSetCacheConfig, cuFuncSetCacheConfig, 3000, NULL) \
-    X(cuFuncGetName, cuFuncGetName, 12030, NULL)
+    X(cuFuncGetName, cuFuncGetName, 12030, NULL) \
+    SIM_PROCS_TORCH(X)
+
+/* What PyTorch's CUDA 13 stack reaches beyond the rows above (c10's driver API, cuBLAS, cuDNN). */
+#define SIM_PROCS_TORCH(X) \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, NULL) \
+    X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, NULL) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, NULL) \
+    X(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle, 10020, NULL) \
+    X(cuStreamWaitValue32, cuStreamWaitValue32, 8000, cuStreamWaitValue32_ptsz) \
+    X(cuStreamWaitValue32, cuStreamWaitValue32_v2, 11070, cuStreamWaitValue32_v2_ptsz) \
+    X(cuStreamWaitValue64, cuStreamWaitValue64, 9000, cuStreamWaitValue64_ptsz) \
+    X(cuStreamWaitValue64, cuStreamWaitValue64_v2, 11070, cuStreamWaitValue64_v2_ptsz) \
+    X(cuStreamWriteValue32, cuStreamWriteValue32, 8000, cuStreamWriteValue32_ptsz) \
+    X(cuStreamWriteValue32, cuStreamWriteValue32_v2, 11070, cuStreamWriteValue32_v2_ptsz) \
+    X(cuStreamWriteValue64, cuStreamWriteValue64, 9000, cuStreamWriteValue64_ptsz) \
+    X(cuStreamWriteValue64, cuStreamWriteValue64_v2, 11070, cuStreamWriteValue64_v2_ptsz) \
+    X(cuStreamBatchMemOp, cuStreamBatchMemOp, 8000, cuStreamBatchMemOp_ptsz) \
+    X(cuStreamBatchMemOp, cuStreamBatchMemOp_v2, 11070, cuStreamBatchMemOp_v2_ptsz) \
+    X(cuModuleGetLoadingMode, cuModuleGetLoadingMode, 11070, NULL) \
+    X(cuModuleGetGlobal, cuModuleGetGlobal_v2, 3020, NULL) \
+    X(cuMemGetDefaultMemPool, cuMemGetDefaultMemPool, 13000, NULL) \
+    X(cuMemGetMemPool, cuMemGetMemPool, 13000, NULL) \
+    X(cuMemSetMemPool, cuMemSetMemPool, 13000, NULL) \
+    X(cuCtxGetDevice, cuCtxGetDevice_v2, 13000, NULL) \
+    X(cuCtxSynchronize, cuCtxSynchronize_v2, 13000, NULL) \
+    X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 4000, NULL) \
+    X(cuCtxDisablePeerAccess, cuCtxDisablePeerAccess, 4000, NULL) \
+    X(cuMemPrefetchAsync, cuMemPrefetchAsync, 8000, cuMemPrefetchAsync_ptsz) \
+    X(cuMemPrefetchAsync, cuMemPrefetchAsync_v2, 12020, cuMemPrefetchAsync_v2_ptsz) \
+    X(cuMemcpy2D, cuMemcpy2D_v2, 3020, cuMemcpy2D_v2_ptds) \
+    X(cuMemcpy2DUnaligned, cuMemcpy2DUnaligned_v2, 3020, cuMemcpy2DUnaligned_v2_ptds) \
+    X(cuMemcpy2DAsync, cuMemcpy2DAsync_v2, 3020, cuMemcpy2DAsync_v2_ptsz) \
+    X(cuStreamBeginCapture, cuStreamBeginCapture, 10000, cuStreamBeginCapture_ptsz) \
+    X(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, cuStreamBeginCapture_v2_ptsz) \
+    X(cuStreamEndCapture, cuStreamEndCapture, 10000, cuStreamEndCapture_ptsz) \
+    X(cuGraphGetNodes, cuGraphGetNodes, 10000, NULL) \
+    X(cuGraphNodeGetType, cuGraphNodeGetType, 10000, NULL) \
+    X(cuGraphKernelNodeGetParams, cuGraphKernelNodeGetParams, 10000, NULL) \
+    X(cuGraphKernelNodeGetParams, cuGraphKernelNodeGetParams_v2, 12000, NULL) \
+    X(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams, 10010, NULL) \
+    X(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams_v2, 12000, NULL) \
+    X(cuGraphInstantiate, cuGraphInstantiate, 10000, NULL) \
+    X(cuGraphInstantiate, cuGraphInstantiate_v2, 11000, NULL) \
+    X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, NULL) \
+    X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 11040, NULL) \
+    X(cuDeviceSetGraphMemAttribute, cuDeviceSetGraphMemAttribute, 11040, NULL) \
+    X(cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyAvailableDynamicSMemPerBlock, 10020, NULL) \
+    X(cuOccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters, 11070, NULL) \
+    X(cuOccupancyMaxPotentialClusterSize, cuOccupancyMaxPotentialClusterSize, 11070, NULL) \
+    X(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo, 10010, cuStreamGetCaptureInfo_ptsz) \
+    X(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v2, 11030, cuStreamGetCaptureInfo_v2_ptsz) \
+    X(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v3, 12030, cuStreamGetCaptureInfo_v3_ptsz) \
+    X(cuLogsRegisterCallback, cuLogsRegisterCallback, 12090, NULL) \
+    X(cuLogsUnregisterCallback, cuLogsUnregisterCallback, 12090, NULL) \
+    X(cuLogsCurrent, cuLogsCurrent, 12090, NULL) \
+    X(cuLogsDumpToFile, cuLogsDumpToFile, 12090, NULL) \
+    X(cuLogsDumpToMemory, cuLogsDumpToMemory, 12090, NULL) \
+    X(cuMulticastCreate, cuMulticastCreate, 12010, NULL) \
+    X(cuMulticastAddDevice, cuMulticastAddDevice, 12010, NULL) \
+    X(cuMulticastBindMem, cuMulticastBindMem, 12010, NULL) \
+    X(cuMulticastUnbind, cuMulticastUnbind, 12010, NULL) \
+    X(cuDeviceGetDevResource, cuDeviceGetDevResource, 12040, NULL) \
+    X(cuDevSmResourceSplitByCount, cuDevSmResourceSplitByCount, 12040, NULL) \
+    X(cuDevResourceGenerateDesc, cuDevResourceGenerateDesc, 12040, NULL) \
+    X(cuGreenCtxCreate, cuGreenCtxCreate, 12040, NULL) \
+    X(cuGreenCtxDestroy, cuGreenCtxDestroy, 12040, NULL) \
+    X(cuCtxFromGreenCtx, cuCtxFromGreenCtx, 12040, NULL) \
+    X(cuGreenCtxStreamCreate, cuGreenCtxStreamCreate, 12040, NULL)
 
 struct proc_row { const char *name; void *fn; int min_version; void *per_thread; };
 

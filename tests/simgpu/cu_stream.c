@@ -91,6 +91,14 @@ struct sim_stream *sim_stream_new(struct sim_ctx *ctx, unsigned flags)
     return s;
 }
 
+int sim_stream_stopping(struct sim_stream *s)
+{
+    pthread_mutex_lock(&s->m);
+    int stop = s->stop;
+    pthread_mutex_unlock(&s->m);
+    return stop;
+}
+
 void sim_stream_wait_idle(struct sim_stream *s)
 {
     pthread_mutex_lock(&s->m);
@@ -261,58 +269,58 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
 
 CUresult cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
 
-/* ---- events ---- */
+/* ---- events ----
+ * Each record is its own completion: a wait (cuStreamWaitEvent, cuEventSynchronize) is for the
+ * record that was the event's latest when it was asked, whatever records follow on other
+ * streams; a query and the elapsed time look at the latest record. */
+
+struct sim_record {
+    int refs;                             /* the event while it is the latest, + queued operations */
+    int done;
+    uint64_t time_ns;
+};
 
 struct sim_event {
     unsigned flags;
-    int refs;                             /* the handle + queued records */
-    uint64_t recorded, done;              /* record generations */
-    uint64_t time_ns;
+    struct sim_record *latest;            /* NULL: never recorded */
 };
 
 static pthread_mutex_t events_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t events_cv = PTHREAD_COND_INITIALIZER;
 
-struct record_op { struct sim_event *ev; uint64_t gen; };
-
-static void event_unref_locked(struct sim_event *ev)
+static void record_unref_locked(struct sim_record *r)
 {
-    if (--ev->refs == 0)
-        free(ev);
+    if (r && --r->refs == 0)
+        free(r);
+}
+
+/* The event's latest record with one more reference, or NULL when it was never recorded. */
+static struct sim_record *latest_record_locked(struct sim_event *ev)
+{
+    if (ev->latest)
+        ev->latest->refs++;
+    return ev->latest;
 }
 
 static void event_reached(void *arg)
 {
-    struct record_op *r = arg;
+    struct sim_record *r = arg;
     pthread_mutex_lock(&events_lock);
-    if (r->ev->recorded == r->gen) {
-        r->ev->time_ns = sim_now_ns();
-        r->ev->done = r->gen;
-    }
-    event_unref_locked(r->ev);
+    r->time_ns = sim_now_ns();
+    r->done = 1;
+    record_unref_locked(r);
     pthread_cond_broadcast(&events_cv);
     pthread_mutex_unlock(&events_lock);
-    free(r);
 }
 
-/* Queues fn on the stream with a reference to the event and a record generation: a new
- * one (record) or the latest one issued (wait). */
-static CUresult enqueue_event_op(CUstream hStream, struct sim_event *ev, int record, void (*fn)(void *))
+static void wait_record(void *arg)
 {
-    struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct record_op *r = malloc(sizeof *r);
-    if (!r)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct sim_record *r = arg;
     pthread_mutex_lock(&events_lock);
-    r->ev = ev;
-    r->gen = record ? ++ev->recorded : ev->recorded;
-    ev->refs++;
+    while (!r->done)
+        pthread_cond_wait(&events_cv, &events_lock);
+    record_unref_locked(r);
     pthread_mutex_unlock(&events_lock);
-    sim_stream_enqueue_call(s, fn, r);
-    return CUDA_SUCCESS;
 }
 
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
@@ -327,7 +335,6 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     if (!ev)
         return CUDA_ERROR_OUT_OF_MEMORY;
     ev->flags = Flags;
-    ev->refs = 1;
     sim_handle_put((uintptr_t)ev, SIM_KIND_EVENT, ev);
     *phEvent = (CUevent)ev;
     return CUDA_SUCCESS;
@@ -339,7 +346,20 @@ CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
-    return enqueue_event_op(hStream, ev, 1, event_reached);
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct sim_record *r = calloc(1, sizeof *r);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r->refs = 2;                          /* the event's latest, the queued record */
+    pthread_mutex_lock(&events_lock);
+    record_unref_locked(ev->latest);
+    ev->latest = r;
+    pthread_mutex_unlock(&events_lock);
+    sim_stream_enqueue_call(s, event_reached, r);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return cuEventRecord(hEvent, hStream); }
@@ -351,7 +371,7 @@ CUresult cuEventQuery(CUevent hEvent)
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&events_lock);
-    int done = ev->done == ev->recorded;
+    int done = !ev->latest || ev->latest->done;
     pthread_mutex_unlock(&events_lock);
     return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -363,9 +383,10 @@ CUresult cuEventSynchronize(CUevent hEvent)
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&events_lock);
-    uint64_t want = ev->recorded;
-    while (ev->done < want)
+    struct sim_record *r = latest_record_locked(ev);
+    while (r && !r->done)
         pthread_cond_wait(&events_cv, &events_lock);
+    record_unref_locked(r);
     pthread_mutex_unlock(&events_lock);
     return CUDA_SUCCESS;
 }
@@ -381,12 +402,12 @@ CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&events_lock);
-    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING || !a->recorded || !b->recorded)
+    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING || !a->latest || !b->latest)
         rc = CUDA_ERROR_INVALID_HANDLE;
-    else if (a->done != a->recorded || b->done != b->recorded)
+    else if (!a->latest->done || !b->latest->done)
         rc = CUDA_ERROR_NOT_READY;
     else
-        *pMilliseconds = (float)((double)((int64_t)(b->time_ns - a->time_ns)) / 1e6);
+        *pMilliseconds = (float)((double)((int64_t)(b->latest->time_ns - a->latest->time_ns)) / 1e6);
     pthread_mutex_unlock(&events_lock);
     return rc;
 }
@@ -396,6 +417,7 @@ CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEn
     return cuEventElapsedTime(pMilliseconds, hStart, hEnd);
 }
 
+/* Queued records and waits keep their own record; the event goes at once. */
 CUresult cuEventDestroy_v2(CUevent hEvent)
 {
     SIM_REQUIRE_INIT();
@@ -403,8 +425,9 @@ CUresult cuEventDestroy_v2(CUevent hEvent)
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&events_lock);
-    event_unref_locked(ev);
+    record_unref_locked(ev->latest);
     pthread_mutex_unlock(&events_lock);
+    free(ev);
     return CUDA_SUCCESS;
 }
 
@@ -439,17 +462,6 @@ STREAM_GETTER(cuStreamGetCtx, CUcontext, (CUcontext)s->ctx)
 STREAM_GETTER(cuStreamGetId, unsigned long long, s->id)
 
 /* The stream waits for the event's latest record issued before this call. */
-static void wait_record(void *arg)
-{
-    struct record_op *r = arg;
-    pthread_mutex_lock(&events_lock);
-    while (r->ev->done < r->gen)
-        pthread_cond_wait(&events_cv, &events_lock);
-    event_unref_locked(r->ev);
-    pthread_mutex_unlock(&events_lock);
-    free(r);
-}
-
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
     SIM_REQUIRE_INIT();
@@ -458,7 +470,16 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
         return CUDA_ERROR_INVALID_HANDLE;
     if (Flags & ~1u)  /* CU_EVENT_WAIT_EXTERNAL */
         return CUDA_ERROR_INVALID_VALUE;
-    return enqueue_event_op(hStream, ev, 0, wait_record);
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&events_lock);
+    struct sim_record *r = latest_record_locked(ev);
+    pthread_mutex_unlock(&events_lock);
+    if (r)                                /* an event never recorded is complete: nothing to wait for */
+        sim_stream_enqueue_call(s, wait_record, r);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
@@ -511,6 +532,56 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 /* Stream capture (graphs from streams) is not simulated: no stream is ever capturing. */
 STREAM_GETTER(cuStreamIsCapturing, CUstreamCaptureStatus, CU_STREAM_CAPTURE_STATUS_NONE)
 
+/* Stream capture is not simulated: beginning one is refused on a valid stream, and no stream
+ * can end one. */
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuStreamBeginCapture(CUstream hStream) { return cuStreamBeginCapture_v2(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    SIM_REQUIRE_INIT();
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return phGraph ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The three generations of the capture query: never capturing, so nothing besides the status. */
+CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
+                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                   const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    (void)id_out, (void)graph_out, (void)dependencies_out, (void)edgeData_out, (void)numDependencies_out;
+    if (!captureStatus_out)
+        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return cuStreamIsCapturing(hStream, captureStatus_out);  /* the other outputs are set only while capturing */
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
+                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                   size_t *numDependencies_out)
+{
+    return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out, NULL,
+                                     numDependencies_out);
+}
+
+CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out)
+{
+    return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
+}
+
 static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
@@ -533,3 +604,9 @@ SIM_PER_THREAD(cuEventRecordWithFlags, ptsz)
 SIM_PER_THREAD(cuStreamAddCallback, ptsz)
 SIM_PER_THREAD(cuLaunchHostFunc, ptsz)
 SIM_PER_THREAD(cuStreamIsCapturing, ptsz)
+SIM_PER_THREAD(cuStreamGetCaptureInfo, ptsz)
+SIM_PER_THREAD(cuStreamBeginCapture, ptsz)
+SIM_PER_THREAD(cuStreamBeginCapture_v2, ptsz)
+SIM_PER_THREAD(cuStreamEndCapture, ptsz)
+SIM_PER_THREAD(cuStreamGetCaptureInfo_v2, ptsz)
+SIM_PER_THREAD(cuStreamGetCaptureInfo_v3, ptsz)

@@ -2,18 +2,36 @@
  * Driver API: virtual memory management. cuMemCreate takes physical device memory
  * (a memfd, so it is real, shareable backing) in multiples of the 2 MiB granularity;
  * cuMemAddressReserve takes address space only; cuMemMap maps the one into the other
- * and cuMemSetAccess opens it. A released handle gives its memory back once its
- * last mapping is gone.
+ * and cuMemSetAccess opens it. A handle is reference-counted (cuMemRetainAllocationHandle
+ * adds one, cuMemRelease drops one); once released it gives its memory back at its last
+ * unmapping. A handle created for POSIX file descriptors exports its memfd (a duplicate);
+ * importing one makes a handle of the same memory in any process, charged to no one but
+ * the process that created it (the memory is that process's, as long as it holds it).
  */
 #include "sim.h"
 
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define VMM_GRANULARITY (2 * SIM_MIB)
 
-struct vmm_handle { int fd; size_t size; int dev; int released; int maps; };
+#define VMM_MEMFD_NAME "hami-sim-vmm-card"   /* + the card: an importer finds the device */
+
+struct vmm_handle {
+    int fd;
+    size_t size;
+    int dev;
+    int refs;                            /* cuMemCreate/import 1, + retains, - releases */
+    int maps;
+    int charged;                         /* 0: imported, the creator's memory */
+    CUmemAllocationHandleType types;     /* requested at creation */
+};
 struct vmm_reserve { uintptr_t base; size_t size; };
 struct vmm_map { uintptr_t base; size_t size; struct vmm_handle *h; int prot; };
 
@@ -45,8 +63,10 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     int dev = prop->location.id;
     if (sim_charge(dev, size) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    char name[sizeof VMM_MEMFD_NAME + 8];
+    snprintf(name, sizeof name, VMM_MEMFD_NAME "%d", sim_card(dev));
     struct vmm_handle *h = calloc(1, sizeof *h);
-    int fd = memfd_create("hami-sim-vmm", MFD_CLOEXEC);
+    int fd = memfd_create(name, MFD_CLOEXEC);
     if (!h || fd < 0 || ftruncate(fd, (off_t)size) != 0) {
         if (fd >= 0)
             close(fd);
@@ -54,7 +74,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         sim_uncharge(dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *h = (struct vmm_handle){fd, size, dev, 0, 0};
+    *h = (struct vmm_handle){.fd = fd, .size = size, .dev = dev, .refs = 1, .charged = 1,
+                             .types = prop->requestedHandleTypes};
     sim_handle_put((uintptr_t)h, SIM_KIND_VMM_HANDLE, h);
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
@@ -63,22 +84,99 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 static void handle_destroy(struct vmm_handle *h)
 {
     close(h->fd);
-    sim_uncharge(h->dev, h->size);
+    if (h->charged)
+        sim_uncharge(h->dev, h->size);
     free(h);
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     SIM_REQUIRE_INIT();
-    struct vmm_handle *h = sim_handle_take((uintptr_t)handle, SIM_KIND_VMM_HANDLE);
+    pthread_mutex_lock(&vmm_lock);
+    struct vmm_handle *h = sim_handle_get((uintptr_t)handle, SIM_KIND_VMM_HANDLE);
+    int gone = h && --h->refs == 0;
+    if (gone)
+        sim_handle_take((uintptr_t)handle, SIM_KIND_VMM_HANDLE);
+    int idle = gone && h->maps == 0;
+    pthread_mutex_unlock(&vmm_lock);
     if (!h)
         return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&vmm_lock);
-    h->released = 1;
-    int idle = h->maps == 0;
-    pthread_mutex_unlock(&vmm_lock);
     if (idle)
         handle_destroy(h);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags)
+{
+    SIM_REQUIRE_INIT();
+    struct vmm_handle *h = sim_handle_get((uintptr_t)handle, SIM_KIND_VMM_HANDLE);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;   /* Windows handles, fabric handles: not on this machine */
+    if (!shareableHandle || flags || !(h->types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    *(int *)shareableHandle = fd;
+    return CUDA_SUCCESS;
+}
+
+/* The visible device whose card made the memfd `fd` (its name says which), or -1. */
+static int memfd_device(int fd)
+{
+    char link[64], target[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0)
+        return -1;
+    target[n] = 0;
+    const char *at = strstr(target, "/memfd:" VMM_MEMFD_NAME);
+    int card;
+    if (!at || sscanf(at + strlen("/memfd:" VMM_MEMFD_NAME), "%d", &card) != 1)
+        return -1;
+    for (int dev = 0; dev < sim_config()->visible; dev++)
+        if (sim_card(dev) == card)
+            return dev;
+    return -1;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                        CUmemAllocationHandleType shHandleType)
+{
+    SIM_REQUIRE_INIT();
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int shared = (int)(intptr_t)osHandle;
+    struct stat st;
+    int dev = handle ? memfd_device(shared) : -1;
+    if (dev < 0 || fstat(shared, &st) != 0 || st.st_size <= 0 || st.st_size % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct vmm_handle *h = calloc(1, sizeof *h);
+    int fd = h ? fcntl(shared, F_DUPFD_CLOEXEC, 0) : -1;
+    if (fd < 0) {
+        free(h);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *h = (struct vmm_handle){.fd = fd, .size = (size_t)st.st_size, .dev = dev, .refs = 1,
+                             .types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+    sim_handle_put((uintptr_t)h, SIM_KIND_VMM_HANDLE, h);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
+{
+    SIM_REQUIRE_INIT();
+    struct vmm_handle *h = sim_handle_get((uintptr_t)handle, SIM_KIND_VMM_HANDLE);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *prop = (CUmemAllocationProp){.type = CU_MEM_ALLOCATION_TYPE_PINNED, .requestedHandleTypes = h->types,
+                                  .location = {CU_MEM_LOCATION_TYPE_DEVICE, h->dev}};
     return CUDA_SUCCESS;
 }
 
@@ -190,7 +288,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         /* the address range stays reserved */
         mmap((void *)m->base, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
         pthread_mutex_lock(&vmm_lock);
-        int last = --m->h->maps == 0 && m->h->released;
+        int last = --m->h->maps == 0 && m->h->refs == 0;
         pthread_mutex_unlock(&vmm_lock);
         if (last)
             handle_destroy(m->h);
@@ -250,4 +348,21 @@ int sim_vmm_accessible(uintptr_t addr, size_t len)
         at = m->base + m->size;
     }
     return 1;
+}
+
+/* The handle mapped at addr, with one more reference (a handle released while mapped comes back). */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    SIM_REQUIRE_INIT();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_lock);
+    struct range q = {(uintptr_t)addr, 1};
+    struct vmm_map *m = sim_handle_find(SIM_KIND_VMM_MAP, map_overlaps, &q);
+    if (m && m->h->refs++ == 0)
+        sim_handle_put((uintptr_t)m->h, SIM_KIND_VMM_HANDLE, m->h);
+    if (m)
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)m->h;
+    pthread_mutex_unlock(&vmm_lock);
+    return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

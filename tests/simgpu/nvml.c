@@ -148,6 +148,42 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
     return NVML_ERROR_NOT_FOUND;
 }
 
+/* "[domain:]bus:device.function", hexadecimal, as nvmlPciInfo_t's busId and cuDeviceGetPCIBusId write it. */
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    REQUIRE_INIT();
+    unsigned domain = 0, bus, slot, function;
+    char end;
+    if (!pciBusId || !device ||
+        (sscanf(pciBusId, "%x:%x:%x.%x%c", &domain, &bus, &slot, &function, &end) != 4 &&
+         (domain = 0, sscanf(pciBusId, "%x:%x.%x%c", &bus, &slot, &function, &end) != 3)))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < sim_config()->visible; i++)
+        if (domain == 0 && bus == (unsigned)sim_device_pci_bus(i) && slot == 0 && function == 0) {
+            *device = (nvmlDevice_t)&devices[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* A simulated card has no NVLink: every link query is not supported, as on a PCIe card. */
+nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                 nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType)
+{
+    REQUIRE_DEVICE(device, idx);
+    (void)idx;
+    (void)link;
+    return pNvLinkDeviceType ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci)
+{
+    REQUIRE_DEVICE(device, idx);
+    (void)idx;
+    (void)link;
+    return pci ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
     REQUIRE_DEVICE(device, idx);
@@ -187,8 +223,8 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
     (void)idx;
     if (!major || !minor)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *major = 9;
-    *minor = 0;
+    *major = SIM_SM_VERSION / 10;
+    *minor = SIM_SM_VERSION % 10;
     return NVML_SUCCESS;
 }
 
@@ -241,8 +277,8 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
     pci->domain = 0;
     pci->bus = bus;
     pci->device = 0;
-    pci->pciDeviceId = 0x233010DEu;
-    pci->pciSubSystemId = 0x16C110DEu;
+    pci->pciDeviceId = SIM_PCI_DEVICE_ID;
+    pci->pciSubSystemId = SIM_PCI_SUBSYSTEM_ID;
     return NVML_SUCCESS;
 }
 

@@ -24,6 +24,10 @@
 #define SIM_STATE_VERSION 5
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
+#define SIM_SM_VERSION 90                /* every simulated card is compute capability 9.0 */
+#define SIM_SM_SHARED_BYTES (228 * 1024)  /* shared memory of one SM, all of it available to kernels */
+#define SIM_PCI_DEVICE_ID 0x233010DE      /* device and vendor id of an H100 SXM5 80GB, as NVML reports them */
+#define SIM_PCI_SUBSYSTEM_ID 0x16C110DE
 #define SIM_HEARTBEAT_NS 1000000000ULL
 #define SIM_UTIL_WINDOW_NS 1000000000ULL
 
@@ -126,7 +130,8 @@ enum sim_kind {
     SIM_KIND_CTX = 1, SIM_KIND_STREAM, SIM_KIND_EVENT, SIM_KIND_MODULE, SIM_KIND_FUNC,
     SIM_KIND_ALLOC, SIM_KIND_HOST, SIM_KIND_POOL, SIM_KIND_ARRAY, SIM_KIND_GRAPH,
     SIM_KIND_GRAPH_EXEC, SIM_KIND_VMM_HANDLE, SIM_KIND_VMM_RESERVE, SIM_KIND_VMM_MAP,
-    SIM_KIND_LIBRARY, SIM_KIND_KERNEL, SIM_KIND_FUNC_ATTRS, SIM_KIND_LINK
+    SIM_KIND_LIBRARY, SIM_KIND_KERNEL, SIM_KIND_FUNC_ATTRS, SIM_KIND_LINK, SIM_KIND_LOG_CALLBACK,
+    SIM_KIND_GRAPH_NODE
 };
 void sim_handle_put(uintptr_t key, int kind, void *val);
 void *sim_handle_get(uintptr_t key, int kind);
@@ -152,9 +157,9 @@ const void *sim_image_unwrap(const void *image);
 /* How many bytes an image spans: a fat binary says so in its header, an ELF cubin ends with
  * its last section or header table, PTX and test images are NUL-terminated text. */
 size_t sim_image_size(const void *image);
-/* A global variable of a cubin or PTX text of `len` bytes (a fat binary's are not looked
- * into): 1 with its size and, for a cubin's initialised data, where that is (else NULL). */
-int sim_image_global(const void *image, size_t len, const char *name, size_t *bytes, const void **init);
+/* A global variable of a cubin, PTX text or a fat binary's chosen entry, of `len` bytes: 1 with
+ * its size and, for a cubin's initialised data, a copy of it in *init (free it; else NULL). */
+int sim_image_global(const void *image, size_t len, const char *name, size_t *bytes, void **init);
 /* A file's bytes, read whole and NUL-terminated (free them); CUDA_ERROR_FILE_NOT_FOUND when
  * it cannot be opened. */
 CUresult sim_image_read_file(const char *path, char **data, size_t *len);
@@ -171,6 +176,8 @@ struct sim_ctx {
     unsigned flags;
     struct sim_stream *null_stream;      /* legacy and per-thread default stream */
     struct sim_cls *cls;                 /* context-local storage (cu_export.c) */
+    CUdeviceptr heap_page;               /* the module heap's current page (cu_memory.c) */
+    size_t heap_used, heap_size;
     size_t limits[10];                   /* cuCtxSetLimit values, where limit_set */
     unsigned char limit_set[10];
     int cache_config;
@@ -208,8 +215,13 @@ const void *const *sim_export_check_table(void);
 /* cu_memory.c */
 CUresult sim_alloc_device(struct sim_ctx *ctx, size_t size, CUdeviceptr *out);
 void sim_free_ctx_allocations(struct sim_ctx *ctx);
+/* Device memory for what modules place in a context (their globals): carved from 2 MiB pages the
+ * context takes as it needs them (charged as device memory), freed with the context. */
+CUresult sim_ctx_heap(struct sim_ctx *ctx, size_t size, CUdeviceptr *out);
 void sim_alloc_release(struct sim_alloc *a);
 struct sim_alloc *sim_alloc_containing(uintptr_t addr, size_t len);
+/* cu_copy.c: whether [ptr, ptr+len) is device memory a copy may touch (plain, pool, managed or mapped VMM) */
+int sim_device_range_ok(CUdeviceptr ptr, size_t len);
 /* cu_stream.c */
 struct sim_stream *sim_stream_new(struct sim_ctx *ctx, unsigned flags);
 void sim_stream_free(struct sim_stream *s);
@@ -222,6 +234,8 @@ struct sim_ctx *sim_stream_ctx(struct sim_stream *s);
 /* Queues a kernel of `dur_us` microseconds; fn (may be NULL) runs on the worker in order. */
 void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us);
 void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg);
+/* Whether the stream is being destroyed (an operation that waits on memory gives up then). */
+int sim_stream_stopping(struct sim_stream *s);
 /* cu_vmm.c: whether [addr, addr+len) is mapped VMM memory with read/write access */
 int sim_vmm_accessible(uintptr_t addr, size_t len);
 /* cu_array.c */
@@ -233,6 +247,11 @@ CUresult sim_pool_free(struct sim_alloc *a, struct sim_stream *s);
 /* cu_library.c: a CUkernel passed where a CUfunction goes becomes its function in the
  * current context; anything else is returned as it is. */
 CUfunction sim_kernel_resolve(CUfunction f);
+/* cu_launch.c: how long a launch of f runs (a CUkernel stands for its function in the current context) */
+CUresult sim_kernel_time(CUfunction f, void **kernelParams, void **extra, uint64_t *dur_us);
+/* cu_launch.c: the library kernel a module function stands for (its attributes are the kernel's) */
+void sim_func_bind_kernel(CUfunction f, CUkernel k);
+CUkernel sim_func_kernel(CUfunction f);
 /* cu_function.c: attributes of a function or kernel handle (the caller checks the handle) */
 CUresult sim_func_attr_get(uintptr_t key, CUfunction_attribute attrib, int *pi);
 CUresult sim_func_attr_set(uintptr_t key, CUfunction_attribute attrib, int value);

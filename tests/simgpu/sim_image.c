@@ -5,10 +5,16 @@
  * - fat binary: the wrapper the compiler emits (magic 0x466243B1, pointing at
  *   the fat binary) or the fat binary itself (magic 0xBA55ED50, a 16-byte
  *   header, then entries: a header of `header_size` bytes, then
- *   `payload_size` bytes of PTX text or an ELF cubin). Compressed entries
- *   (LZ4/Zstandard) are not decompressed: an image with one is "opaque" and
- *   any kernel name resolves in it.
- * - ELF cubin: the kernels are its global function symbols.
+ *   `payload_size` bytes of PTX text or an ELF cubin). As the driver does, the
+ *   module is the one entry the device runs: the cubin built for its SM (the
+ *   highest of its major version not above it), else the PTX of the highest
+ *   version it can compile; none: CUDA_ERROR_NO_BINARY_FOR_GPU. A compressed
+ *   entry (nvcc's fat binary compression: LZ4 or Zstandard, as in PyTorch's
+ *   and the CUDA libraries' images) is decompressed with the system's
+ *   liblz4.so.1 or libzstd.so.1; where the process cannot load that library
+ *   the entry is "opaque": any kernel name resolves in it and it holds no
+ *   globals that can be found.
+ * - ELF cubin: the kernels are its function symbols marked as entry points.
  * - PTX text: the kernels are its `.entry` directives.
  * - anything else is a simulator test image (a short string such as "any
  *   image"): it holds the test kernels `spin`, `sleep_kernel` and `empty`.
@@ -18,6 +24,7 @@
 #include "sim.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <elf.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +34,10 @@
 #define FATBIN_MAGIC 0xba55ed50u
 #define ENTRY_PTX 1
 #define ENTRY_ELF 2
-#define ENTRY_COMPRESSED (0x2000ull | 0x8000ull)  /* LZ4, Zstandard */
+#define ENTRY_LZ4 0x2000ull
+#define ENTRY_ZSTD 0x8000ull
+#define ENTRY_MAX_UNCOMPRESSED (1ull << 30)
+#define STO_CUDA_ENTRY 0x10              /* st_other of a cubin's kernel symbols */
 
 struct fatbin_wrapper { uint32_t magic, version; const void *data; const void *prelinked; };
 struct fatbin_header { uint32_t magic; uint16_t version, header_size; uint64_t size; };
@@ -35,10 +45,12 @@ struct fatbin_entry {
     uint16_t kind, version;
     uint32_t header_size;
     uint64_t payload_size;
-    uint32_t compressed_size, unknown1, unknown2, sm_version, bit_width, unknown3;
-    uint64_t flags;
+    uint32_t compressed_size, reserved0;
+    uint16_t ptx_minor, ptx_major;
+    uint32_t arch;                       /* SM version: 90 for 9.0 */
+    uint32_t name_offset, name_size;
+    uint64_t flags, reserved1, uncompressed_size;
 };
-
 static const char *const test_kernels[] = {"spin", "sleep_kernel", "empty"};
 
 static int add_name(struct sim_image *img, const char *name, size_t len)
@@ -86,7 +98,9 @@ static int looks_like_ptx(const char *text, size_t len)
     return memmem(text, len, ".version", 8) || memmem(text, len, ".entry", 6);
 }
 
-/* Global functions of a 64-bit ELF; `len` bounds every read (SIZE_MAX: trust the headers). */
+/* The kernels of a 64-bit ELF cubin: its function symbols marked as entry points (whatever their
+ * binding: a kernel in an anonymous namespace is a local symbol); `len` bounds every read
+ * (SIZE_MAX: trust the headers). */
 static int parse_elf(const unsigned char *elf, size_t len, struct sim_image *img)
 {
     const Elf64_Ehdr *eh = (const Elf64_Ehdr *)elf;
@@ -104,7 +118,7 @@ static int parse_elf(const unsigned char *elf, size_t len, struct sim_image *img
         const Elf64_Sym *sym = (const Elf64_Sym *)(elf + sh[i].sh_offset);
         const char *names = (const char *)elf + strtab->sh_offset;
         for (size_t k = 0; k < sh[i].sh_size / sizeof *sym; k++) {
-            if (ELF64_ST_TYPE(sym[k].st_info) != STT_FUNC || ELF64_ST_BIND(sym[k].st_info) != STB_GLOBAL ||
+            if (ELF64_ST_TYPE(sym[k].st_info) != STT_FUNC || !(sym[k].st_other & STO_CUDA_ENTRY) ||
                 sym[k].st_name >= strtab->sh_size)
                 continue;
             const char *name = names + sym[k].st_name;
@@ -115,25 +129,120 @@ static int parse_elf(const unsigned char *elf, size_t len, struct sim_image *img
     return 0;
 }
 
-static int parse_fatbin(const struct fatbin_header *fh, struct sim_image *img)
+/* The system's decompressors, loaded on first need: the calls used, declared as zstd.h and lz4.h do. */
+typedef size_t (*zstd_decompress_fn)(void *dst, size_t capacity, const void *src, size_t size);
+typedef unsigned (*zstd_is_error_fn)(size_t code);
+typedef int (*lz4_decompress_fn)(const char *src, char *dst, int size, int capacity);
+static struct {
+    zstd_decompress_fn zstd_decompress;
+    zstd_is_error_fn zstd_is_error;
+    lz4_decompress_fn lz4_decompress;
+} codecs;
+static pthread_once_t codecs_once = PTHREAD_ONCE_INIT;
+
+static void codecs_load(void)
+{
+    void *zstd = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL), *lz4 = dlopen("liblz4.so.1", RTLD_NOW | RTLD_LOCAL);
+    codecs.zstd_decompress = zstd ? (zstd_decompress_fn)dlsym(zstd, "ZSTD_decompress") : NULL;
+    codecs.zstd_is_error = zstd ? (zstd_is_error_fn)dlsym(zstd, "ZSTD_isError") : NULL;
+    codecs.lz4_decompress = lz4 ? (lz4_decompress_fn)dlsym(lz4, "LZ4_decompress_safe") : NULL;
+    if (!codecs.zstd_is_error)
+        codecs.zstd_decompress = NULL;
+    if (getenv("HAMI_SIM_TRACE") && (!codecs.zstd_decompress || !codecs.lz4_decompress))
+        fprintf(stderr, "hami-sim: %s cannot be loaded: fat binary entries it compressed are opaque\n",
+                !codecs.zstd_decompress ? "libzstd.so.1" : "liblz4.so.1");
+}
+
+/* The entry the device runs (see the header comment); CUDA_ERROR_INVALID_IMAGE when the
+ * fat binary is malformed, CUDA_ERROR_NO_BINARY_FOR_GPU when nothing in it runs here. */
+static CUresult fatbin_choose(const struct fatbin_header *fh, const struct fatbin_entry **out)
 {
     if (fh->version != 1 || fh->header_size < sizeof *fh)
-        return -1;
+        return CUDA_ERROR_INVALID_IMAGE;
     const unsigned char *p = (const unsigned char *)fh + fh->header_size, *end = p + fh->size;
+    const struct fatbin_entry *cubin = NULL, *ptx = NULL;
     while (p + sizeof(struct fatbin_entry) <= end) {
         const struct fatbin_entry *e = (const struct fatbin_entry *)p;
-        if (e->header_size < sizeof *e || e->payload_size > (uint64_t)(end - p) - e->header_size)
-            return -1;
-        const unsigned char *payload = p + e->header_size;
-        if (e->flags & ENTRY_COMPRESSED)
-            img->opaque = 1;
-        else if (e->kind == ENTRY_PTX && parse_ptx((const char *)payload, e->payload_size, img) < 0)
-            return -1;
-        else if (e->kind == ENTRY_ELF && parse_elf(payload, e->payload_size, img) < 0)
-            return -1;
-        p = payload + e->payload_size;
+        if (e->header_size < sizeof *e || e->header_size > (uint64_t)(end - p) ||
+            e->payload_size > (uint64_t)(end - p) - e->header_size)
+            return CUDA_ERROR_INVALID_IMAGE;
+        if (e->kind == ENTRY_ELF && e->arch / 10 == SIM_SM_VERSION / 10 && e->arch <= SIM_SM_VERSION &&
+            (!cubin || e->arch > cubin->arch))
+            cubin = e;
+        else if (e->kind == ENTRY_PTX && e->arch <= SIM_SM_VERSION && (!ptx || e->arch > ptx->arch))
+            ptx = e;
+        p += e->header_size + e->payload_size;
     }
-    return 0;
+    *out = cubin ? cubin : ptx;
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_NO_BINARY_FOR_GPU;
+}
+
+/* An entry's payload as the driver reads it: a NUL-terminated copy, decompressed (free it).
+ * NULL with CUDA_SUCCESS: compressed by a codec this process cannot load (opaque). */
+static CUresult entry_bytes(const struct fatbin_entry *e, unsigned char **out, size_t *len)
+{
+    const unsigned char *payload = (const unsigned char *)e + e->header_size;
+    *out = NULL;
+    if (!(e->flags & (ENTRY_ZSTD | ENTRY_LZ4))) {
+        if (!(*out = malloc(e->payload_size + 1)))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        memcpy(*out, payload, e->payload_size);
+        *len = e->payload_size;
+        (*out)[*len] = 0;
+        return CUDA_SUCCESS;
+    }
+    pthread_once(&codecs_once, codecs_load);
+    int zstd = (e->flags & ENTRY_ZSTD) != 0;
+    if (zstd ? !codecs.zstd_decompress : !codecs.lz4_decompress)
+        return CUDA_SUCCESS;
+    uint64_t size = e->uncompressed_size;
+    if (!size || size > ENTRY_MAX_UNCOMPRESSED || !e->compressed_size || e->compressed_size > e->payload_size)
+        return CUDA_ERROR_INVALID_IMAGE;
+    if (!(*out = malloc(size + 1)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int ok;
+    if (zstd) {
+        size_t got = codecs.zstd_decompress(*out, size, payload, e->compressed_size);
+        ok = !codecs.zstd_is_error(got) && got == size;
+    } else {
+        ok = codecs.lz4_decompress((const char *)payload, (char *)*out, (int)e->compressed_size, (int)size) ==
+             (int)size;
+    }
+    if (!ok) {
+        free(*out);
+        *out = NULL;
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    *len = size;
+    (*out)[*len] = 0;
+    return CUDA_SUCCESS;
+}
+
+/* The chosen entry of a fat binary, read (see entry_bytes), and its kind. */
+static CUresult fatbin_module(const struct fatbin_header *fh, unsigned char **bytes, size_t *len, int *kind)
+{
+    const struct fatbin_entry *e;
+    CUresult rc = fatbin_choose(fh, &e);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *kind = e->kind;
+    return entry_bytes(e, bytes, len);
+}
+
+static CUresult parse_fatbin(const struct fatbin_header *fh, struct sim_image *img)
+{
+    unsigned char *bytes;
+    size_t len;
+    int kind;
+    CUresult rc = fatbin_module(fh, &bytes, &len, &kind);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!bytes)
+        img->opaque = 1;
+    else if ((kind == ENTRY_PTX ? parse_ptx((const char *)bytes, len, img) : parse_elf(bytes, len, img)) < 0)
+        rc = CUDA_ERROR_INVALID_IMAGE;
+    free(bytes);
+    return rc;
 }
 
 static uint32_t image_magic(const void *image)
@@ -151,15 +260,14 @@ CUresult sim_image_parse(const void *image, struct sim_image *img)
     *img = (struct sim_image){0};
     uint32_t magic = image_magic(image);
     int rc = 0;
-    if (magic == WRAPPER_MAGIC) {
-        const struct fatbin_wrapper *w = image;
+    if (magic == WRAPPER_MAGIC || magic == FATBIN_MAGIC) {
+        const struct fatbin_header *fh = sim_image_unwrap(image);
         img->kind = SIM_IMAGE_FATBIN;
-        if (!w->data || ((const struct fatbin_header *)w->data)->magic != FATBIN_MAGIC)
-            return CUDA_ERROR_INVALID_IMAGE;
-        rc = parse_fatbin(w->data, img);
-    } else if (magic == FATBIN_MAGIC) {
-        img->kind = SIM_IMAGE_FATBIN;
-        rc = parse_fatbin(image, img);
+        CUresult fat = fh && fh->magic == FATBIN_MAGIC ? parse_fatbin(fh, img) : CUDA_ERROR_INVALID_IMAGE;
+        if (fat != CUDA_SUCCESS) {
+            sim_image_free(img);
+            return fat;
+        }
     } else if (is_elf(image)) {
         img->kind = SIM_IMAGE_ELF;
         rc = parse_elf(image, SIZE_MAX, img);
@@ -303,14 +411,30 @@ static int ptx_global(const char *ptx, const char *name, size_t *size)
     return 0;
 }
 
-int sim_image_global(const void *image, size_t len, const char *name, size_t *bytes, const void **init)
+/* A global of a cubin or of PTX text (NUL-terminated) of `len` bytes, its initial data copied. */
+static int module_global(const void *image, size_t len, const char *name, size_t *bytes, void **init)
+{
+    const void *data = NULL;
+    int found = is_elf(image) ? elf_global(image, len, name, bytes, &data) : ptx_global(image, name, bytes);
+    if (found && data && *bytes && (*init = malloc(*bytes)))
+        memcpy(*init, data, *bytes);
+    return found;
+}
+
+int sim_image_global(const void *image, size_t len, const char *name, size_t *bytes, void **init)
 {
     *init = NULL;
-    if (is_elf(image))
-        return elf_global(image, len, name, bytes, init);
-    if (image_magic(image) == FATBIN_MAGIC)
-        return 0;
-    return ptx_global(image, name, bytes);
+    if (image_magic(image) != FATBIN_MAGIC)
+        return module_global(image, len, name, bytes, init);
+    unsigned char *module;
+    size_t module_len;
+    int kind, found = 0;
+    if (len >= sizeof(struct fatbin_header) && len >= sim_image_size(image) &&
+        fatbin_module(image, &module, &module_len, &kind) == CUDA_SUCCESS && module) {
+        found = module_global(module, module_len, name, bytes, init);
+        free(module);
+    }
+    return found;
 }
 
 CUresult sim_image_read_file(const char *path, char **data, size_t *len)

@@ -67,15 +67,16 @@ def test_every_export_is_reachable_through_get_proc_address(run_py):
                     for other in exports:
                         if ctypes.cast(getattr(c.lib, other), ctypes.c_void_p).value == fn.value:
                             reachable.add(other)
-        # lower versions reach the older rows
+        # lower versions reach the older rows (and their per-thread forms)
         for name in exports:
             base = name.split("_")[0]
-            for version in (2000, 3020, 4000, 7000, 9020, 10020, 11000, 11030, 12000):
-                fn = ctypes.c_void_p()
-                if c.rc("cuGetProcAddress", base.encode(), ctypes.byref(fn), version, ctypes.c_uint64(0)) == 0:
-                    for other in exports:
-                        if ctypes.cast(getattr(c.lib, other), ctypes.c_void_p).value == fn.value:
-                            reachable.add(other)
+            for version in (2000, 3020, 4000, 7000, 8000, 9000, 9020, 10000, 10020, 11000, 11030, 12000):
+                for flags in (0, 2):
+                    fn = ctypes.c_void_p()
+                    if c.rc("cuGetProcAddress", base.encode(), ctypes.byref(fn), version, ctypes.c_uint64(flags)) == 0:
+                        for other in exports:
+                            if ctypes.cast(getattr(c.lib, other), ctypes.c_void_p).value == fn.value:
+                                reachable.add(other)
         print(" ".join(sorted(exports - reachable)))
     """).split()
     assert missing == []

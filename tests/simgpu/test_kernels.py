@@ -51,6 +51,31 @@ def test_event_elapsed_time_is_the_kernels_time(run_py):
     assert errors == [400, 400, 0]  # no timing / never recorded: INVALID_HANDLE; unrecorded query: done
 
 
+def test_a_wait_is_for_the_record_it_was_given_not_a_later_one(run_py):
+    """cuStreamWaitEvent waits for the event's record at the time of the call: recording the
+    event again on a stream that depends on the waiter must not hold the waiter (as cuDNN's
+    plan timing does with its streams)."""
+    out = json.loads(run_py("""
+        import json
+        c = Cuda(); c.init(0)
+        a, b, d = c.stream(), c.stream(), c.stream()
+        e, g = c.event(), c.event()
+        c.kernel(50_000, a)
+        c.call("cuEventRecord", e, a)          # record 1 of e, after 50 ms on a
+        c.call("cuStreamWaitEvent", b, e, 0)   # b waits for record 1
+        c.call("cuEventRecord", g, b)
+        c.call("cuStreamWaitEvent", d, g, 0)   # d waits for b ...
+        c.call("cuEventRecord", e, d)          # ... and then records e again (record 2)
+        t0 = time.monotonic()
+        for s in (a, b, d):
+            c.sync(s)
+        synced = time.monotonic() - t0
+        print(json.dumps([synced, c.rc("cuEventQuery", e)]))
+    """, timeout=20))
+    synced, query = out
+    assert synced < 5 and query == 0
+
+
 def test_two_processes_never_overlap_on_one_device(spawn_py, sim_env, run_py):
     # Both run 5 x 60 ms on device 0 at once: the device serialises them (>= 600 ms);
     # on different devices they run side by side (~300 ms).
