@@ -55,7 +55,6 @@ def main() -> int:
         os.environ["HAMI_SIM_STATE"] = str(work / "sim.state")
         from hami_runtime import config as config_mod
         from hami_runtime.node.discovery import load_gpus
-        gpu = None
         ctx = multiprocessing.get_context("fork")
         results, start, hold = ctx.Queue(), ctx.Event(), ctx.Event()
         procs = []

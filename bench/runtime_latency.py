@@ -109,7 +109,6 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
     s = Setup(work)
     env = s.env
-    rows = []
     try:
         plain = s.bundle("plain")
         gpu = s.bundle("gpu", GPU)

@@ -2,7 +2,6 @@
 path, the region dir read-write), without the rest of a container: limits come from
 the file alone, anything unusable fails closed, and a region written over from
 inside never lets one process past its limit or share."""
-import os
 import subprocess
 import threading
 import time

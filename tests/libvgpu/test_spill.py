@@ -11,7 +11,6 @@ import pytest
 
 from tests.conftest import LIBVGPU, ROOT, SIM_LIB
 
-from .conftest import MIB
 from .test_shared_limit import wait_line
 
 CARD_MIB = 4096

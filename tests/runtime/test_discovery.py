@@ -1,6 +1,5 @@
 """Discovery from literal inputs: /proc/devices, ldconfig -p output, a driver
 root whose links try to leave it."""
-import os
 
 import pytest
 

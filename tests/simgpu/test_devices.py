@@ -1,6 +1,5 @@
 """Device shape, config file, NVML and pynvml views of the simulated GPU."""
 import subprocess
-import sys
 
 import pytest
 

@@ -1,5 +1,4 @@
 """Many processes, SIGKILL anywhere (inside the state lock included), other pid namespaces."""
-import json
 import shutil
 import signal
 import subprocess
