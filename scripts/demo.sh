@@ -24,15 +24,12 @@ indent() { sed 's/^/    /'; }
 # Which GPU: the real driver when the host has one, else the simulated one.
 if [ -e /dev/nvidiactl ] && ldconfig -p | grep -q 'libcuda\.so\.1 '; then
     where="the real GPU (NVIDIA driver found)"
-    driver_libs=$(ldconfig -p | awk '/libcuda\.so\.1 |libnvidia-ml\.so\.1 /{print $NF}')
-    driver_libs="$driver_libs $(command -v nvidia-smi || true)"
     cat > "$WORK/hami.toml" <<EOF
 state_dir = "$WORK/state"
 libvgpu = "$ROOT/build/libvgpu.so"
 EOF
 else
     where="the simulated GPU (no NVIDIA driver on this host)"
-    driver_libs="$ROOT/build/sim/lib/libcuda.so.1 $ROOT/build/sim/lib/libnvidia-ml.so.1 $ROOT/build/sim/bin/nvidia-smi"
     # The demo's own allocator state and simulated-GPU state, removed at the end.
     mkdir -m 1777 "$WORK/sim-shared"
     sed -e "s|^state_dir = .*|state_dir = \"$WORK/state\"|" \
@@ -41,23 +38,8 @@ fi
 export HAMI_CONFIG=$WORK/hami.toml
 
 # A bundle: busybox + the vgpu-probe CUDA program, and a spec asking for the slice.
-lib_args=()
-for lib in $ROOT/build/libvgpu.so $driver_libs; do lib_args+=(--lib-from "$lib"); done
-"$PY" scripts/probe/build_image.py "$WORK/image" "${lib_args[@]}" >/dev/null
-mkdir -p "$WORK/bundle"
-mv "$WORK/image/rootfs" "$WORK/bundle/rootfs"
-"$PY" - "$WORK/bundle/config.json" "$SLICE_MIB" <<'EOF'
-import json, subprocess, sys
-path, mib = sys.argv[1], sys.argv[2]
-subprocess.run(["runc", "spec", "--bundle", path.rsplit("/", 1)[0]], check=True)
-spec = json.load(open(path))
-spec["process"]["terminal"] = False
-spec["process"]["args"] = ["/bin/sh", "-c",
-                           "echo '$ nvidia-smi'; nvidia-smi; echo; "
-                           "echo '$ vgpu-probe fill   # allocate until refused'; vgpu-probe fill"]
-spec["annotations"] = {"hami.io/gpumem": mib}
-json.dump(spec, open(path, "w"), indent=1)
-EOF
+"$PY" scripts/probe/make_bundle.py "$WORK/bundle" --annotation "hami.io/gpumem=$SLICE_MIB" -- \
+    /bin/sh -c "echo '\$ nvidia-smi'; nvidia-smi; echo; echo '\$ vgpu-probe fill   # allocate until refused'; vgpu-probe fill"
 
 echo "hami-runtime demo on $where"
 echo "container $ID asks for hami.io/gpumem=$SLICE_MIB (a ${SLICE_MIB} MiB slice of one GPU)"
