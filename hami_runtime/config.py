@@ -9,22 +9,21 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+from typing import NamedTuple
 
 from . import config_cache, installed
-from .chars import env_name
 from .errors import HamiError
+from .names import env_name
 
 DEFAULT_PATH = "/etc/hami/config.toml"
 CORE_POLICIES = ("default", "force", "disable")  # GPU_CORE_UTILIZATION_POLICY values
 DEFAULT_RUNTIMES = ["/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc"]
 
 
-class ExtraMount(namedtuple("ExtraMount", "source destination readonly", defaults=(False,))):
-    __slots__ = ()
+class ExtraMount(NamedTuple):
     source: str
     destination: str
-    readonly: bool
+    readonly: bool = False
 
 
 # name -> a fresh default (lists and dicts are never shared between configs)

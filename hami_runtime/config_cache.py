@@ -14,9 +14,9 @@ entry that cannot be written is not an error.
 """
 from __future__ import annotations
 
+import json
 import os
 
-from . import fastjson as json
 from .files import atomic_write, file_key, read_state_file  # noqa: F401 (file_key: what entries are keyed by)
 
 CACHE_DIR = "cache"

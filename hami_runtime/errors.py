@@ -1,10 +1,9 @@
 """Refusals: one line that names the field and the value, written as runc does."""
 from __future__ import annotations
 
+import json
 import sys
 import time
-
-from . import fastjson as json
 
 
 class HamiError(Exception):

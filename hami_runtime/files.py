@@ -2,6 +2,7 @@
 write access to the state dir may have tampered with, a process's start time."""
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 
@@ -58,13 +59,7 @@ def read_state_file(path: str, limit: int) -> bytes:
 
 
 def sha256_hex(data: bytes) -> str:
-    """SHA-256 without loading OpenSSL's bindings where the builtin one exists
-    (hashlib costs a create several ms)."""
-    try:
-        from _sha256 import sha256
-    except ImportError:  # pragma: no cover - other Pythons
-        from hashlib import sha256
-    return sha256(data).hexdigest()
+    return hashlib.sha256(data).hexdigest()
 
 
 def temp_beside(path: str, prefix: str = ".hami-"):

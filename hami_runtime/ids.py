@@ -1,8 +1,8 @@
 """Container ids: checked before any of them becomes part of a path."""
 from __future__ import annotations
 
-from .chars import container_id
 from .errors import HamiError
+from .names import container_id
 
 
 def check_container_id(value) -> str:

@@ -2,21 +2,16 @@
 in, grants out (or a refusal naming the request)."""
 from __future__ import annotations
 
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import HamiError
 from ..node.gpu import GpuInfo
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
-
-# Named tuples and a plain class, not dataclasses: this is the create path,
-# and dataclasses loads inspect.
 
 
-class Grant(namedtuple("Grant", "index uuid mem_mib cores")):
-    __slots__ = ()
+class Grant(NamedTuple):
     index: int
     uuid: str
     mem_mib: int
@@ -26,25 +21,17 @@ class Grant(namedtuple("Grant", "index uuid mem_mib cores")):
         return dict(self._asdict())
 
 
-class Capacity(namedtuple("Capacity", "slots mem_mib cores", defaults=(100,))):
-    __slots__ = ()
+class Capacity(NamedTuple):
     slots: int
     mem_mib: int
-    cores: int
+    cores: int = 100
 
 
+@dataclass
 class Usage:
-    __slots__ = ("slots", "mem_mib", "cores")
-
-    def __init__(self, slots: int = 0, mem_mib: int = 0, cores: int = 0):
-        self.slots, self.mem_mib, self.cores = slots, mem_mib, cores
-
-    def __eq__(self, other):
-        return isinstance(other, Usage) and (self.slots, self.mem_mib, self.cores) == (
-            other.slots, other.mem_mib, other.cores)
-
-    def __repr__(self):
-        return f"Usage(slots={self.slots}, mem_mib={self.mem_mib}, cores={self.cores})"
+    slots: int = 0
+    mem_mib: int = 0
+    cores: int = 0
 
 
 def capacity(gpu: GpuInfo, split_count: int, memory_scaling: float) -> Capacity:

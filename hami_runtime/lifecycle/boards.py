@@ -30,8 +30,8 @@ import os
 import stat
 import time
 
-from ..chars import gpu_uuid
 from ..errors import HamiError
+from ..names import gpu_uuid
 from . import store
 
 ACTIVITY = "activity"         # the activity board, under the state dir

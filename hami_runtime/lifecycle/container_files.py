@@ -15,9 +15,9 @@ that container's error, shown as such, never a path to another file.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
-from .. import fastjson as json
 from ..errors import HamiError
 from . import store
 

@@ -7,12 +7,14 @@ GPU request are imported where they are used.
 """
 from __future__ import annotations
 
+import copy
+import json
 import os
 import stat
 import sys
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+from typing import TYPE_CHECKING
 
-from .. import fastjson as json, log
+from .. import log
 from ..config import Config
 from ..errors import HamiError
 from ..ids import check_container_id
@@ -290,8 +292,7 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     # is freed by the release below or by the next transaction.
     try:
         _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
-        # a deep copy of the spec (plain JSON values) without loading copy
-        edited = modifiers.apply(json.loads(json.dumps(spec)), build_injection(
+        edited = modifiers.apply(copy.deepcopy(spec), build_injection(
             cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher))
         spec_io.write(bundle, edited)
     except BaseException:

@@ -6,13 +6,10 @@ already edited spec converges.
 """
 from __future__ import annotations
 
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
-
-from .. import fastjson as json
-
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
-if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 # Where libvgpu looks (libvgpu_src/region.h: HAMI_LIMITS_PATH, HAMI_RUNTIME_*; a
 # test checks that they agree).
@@ -29,54 +26,32 @@ RO_BIND = ["bind", "ro", "nosuid", "nodev"]
 RW_BIND = ["bind", "rw", "nosuid", "nodev"]
 
 
-class DeviceNode(namedtuple("DeviceNode", "path major minor")):
-    __slots__ = ()
+class DeviceNode(NamedTuple):
     path: str
     major: int
     minor: int
 
 
-class Mount(namedtuple("Mount", "source destination options")):
-    __slots__ = ()
+class Mount(NamedTuple):
     source: str
     destination: str
     options: tuple[str, ...]
 
 
+@dataclass
 class Injection:
-    """Everything the modifiers put into a spec, decided before editing (a
-    plain class: this is the create path, and dataclasses loads inspect)."""
-    FIELDS = {
-        "devices": list,       # DeviceNode
-        "mounts": list,        # Mount: driver files, libvgpu, region, extras
-        "env": dict,
-        "library_dirs": list,  # appended to LD_LIBRARY_PATH
-        "hook_argv": list,     # [path, args...]; poststop/createRuntime appended
-        "hook_env": list,
-        "create_hook_argv": list,  # createRuntime's own (the launcher's C hook); []: hook_argv
-        "marker": lambda: None,
-    }
-    __slots__ = tuple(FIELDS)
+    """Everything the modifiers put into a spec, decided before editing."""
+    devices: list = field(default_factory=list)       # DeviceNode
+    mounts: list = field(default_factory=list)        # Mount: driver files, libvgpu, region, extras
+    env: dict = field(default_factory=dict)
+    library_dirs: list = field(default_factory=list)  # appended to LD_LIBRARY_PATH
+    hook_argv: list = field(default_factory=list)     # [path, args...]; poststop/createRuntime appended
+    hook_env: list = field(default_factory=list)
+    create_hook_argv: list = field(default_factory=list)  # createRuntime's own (the launcher's C hook); []: hook_argv
+    marker: object = None
 
-    def __init__(self, **values):
-        unknown = set(values) - set(self.FIELDS)
-        if unknown:
-            raise TypeError(f"Injection: unknown field {sorted(unknown)[0]!r}")
-        for name, default in self.FIELDS.items():
-            setattr(self, name, values[name] if name in values else default())
-
-    def replace(self, **changes) -> "Injection":
-        return Injection(**{**{n: getattr(self, n) for n in self.FIELDS}, **changes})
-
-    def __eq__(self, other):
-        if type(other) is not Injection:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.FIELDS)
-
-    __hash__ = None
-
-    def __repr__(self):
-        return "Injection(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS) + ")"
+    def replace(self, **changes) -> Injection:
+        return replace(self, **changes)
 
 
 def device_nodes(minors: Sequence[int], majors: dict[str, int]) -> list[DeviceNode]:

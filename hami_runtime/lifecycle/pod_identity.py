@@ -11,10 +11,11 @@ poses as the engine. A spec with neither (podman, ctr, dockerd, runc) is in no p
 """
 from __future__ import annotations
 
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+from typing import NamedTuple
 
-from ..chars import container_id, dns_label, dns_subdomain
+
 from ..errors import HamiError
+from ..names import container_id, dns_label, dns_subdomain
 
 # (type key, sandbox id key, container name key, pod namespace key, pod name key)
 ENGINES = (
@@ -28,10 +29,9 @@ CONTAINER_TYPE = "container"
 MAX_SANDBOX_ID = 128
 
 
-class PodMember(namedtuple("PodMember", "sandbox name pod")):
+class PodMember(NamedTuple):
     """sandbox: the pod sandbox's id; name: the container's name in the pod;
     pod: '<namespace>/<name>' for log lines ('' where the engine does not say)."""
-    __slots__ = ()
     sandbox: str
     name: str
     pod: str

@@ -23,19 +23,18 @@ first transaction after that drops it, so a deleted pod leaves nothing behind.
 """
 from __future__ import annotations
 
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
-from ..chars import dns_label, gpu_uuid
 from ..errors import HamiError
 from ..files import process_alive
+from ..names import dns_label, gpu_uuid
 from . import store
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from .pod_identity import PodMember
     from .pod_requests import Plan
+    from .requests import GpuRequest
 
 MAX_CONTAINERS = 256
 SLICES = ("named", "pod", "entry", "none")
@@ -172,14 +171,21 @@ def rebuild(pods: dict[str, dict], allocations: dict[str, dict]) -> None:
     pods.update(found)
 
 
-class Placement(namedtuple("Placement", "request why release ledger pinned position slice refusal")):
+class Placement(NamedTuple):
     """request: what to allocate (None: the container runs untouched, why says
     so); release: container ids of the pod whose allocations go first; ledger:
     the pod's new record (its uuids set once granted); pinned: the GPUs to ask
     for first (a restart's); position, slice: for the allocation's "pod";
     refusal: the HamiError to refuse the create with once the record is kept
     (its place in the pod's order must hold for the next one)."""
-    __slots__ = ()
+    request: GpuRequest | None
+    why: str
+    release: tuple[str, ...]
+    ledger: dict
+    pinned: tuple[str, ...]
+    position: int
+    slice: str
+    refusal: HamiError | None
 
 
 def _decision_line(plan) -> str:

@@ -25,15 +25,16 @@ A spec outside a pod is as it always was (requests.parse).
 """
 from __future__ import annotations
 
-from ..chars import dns_label
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 from ..errors import HamiError
+from ..names import dns_label
 from . import requests
 from .request_keys import REQUEST_KEYS, split_key
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from .pod_identity import PodMember
 
 MAX_LISTED = 64
@@ -45,13 +46,14 @@ POD = "pod"              # the pod's one slice: it gets it unless another contai
 ORDER = "order"          # HAMi's decision by the order the pod's containers were created
 
 
+@dataclass
 class Naming:
     """Which containers the pod names: `listed` (hami.io/containers, in its order;
     None when absent) and `own` (container name -> one of its own keys)."""
-    __slots__ = ("listed", "list_key", "list_value", "own")
-
-    def __init__(self, listed, list_key, list_value, own):
-        self.listed, self.list_key, self.list_value, self.own = listed, list_key, list_value, own
+    listed: tuple | None
+    list_key: str | None
+    list_value: str | None
+    own: dict
 
     def names(self) -> set:
         return set(self.listed or ()) | set(self.own)
@@ -93,24 +95,22 @@ def naming(annotations: dict[str, str], found: dict[str, tuple[str, str]]) -> Na
     return Naming(listed, list_key, list_value, own)
 
 
+@dataclass
 class Plan:
     """What a container gets, as far as its spec alone tells: `kind` (above),
     `request` (a GpuRequest or None), `why` (for the log line), and for ORDER the
     decision's `entries` and `entry_request(k)`, the request for entry k."""
-    __slots__ = ("kind", "request", "why", "entries", "decision", "_annotations", "_core_policy",
-                 "_container")
-
-    def __init__(self, kind, request=None, why="", entries=(), decision=None, annotations=None,
-                 core_policy="default", container=None):
-        self.kind, self.request, self.why, self.entries = kind, request, why, entries
-        self.decision = decision  # (key, value) of the scheduler's decision, if any
-        self._annotations, self._core_policy, self._container = annotations, core_policy, container
+    kind: str
+    request: requests.GpuRequest | None = None
+    why: str = ""
+    entries: Sequence = ()
+    decision: tuple[str, str] | None = None  # (key, value) of the scheduler's decision, if any
+    annotations: dict | None = field(default=None, repr=False)
+    core_policy: str = field(default="default", repr=False)
+    container: str | None = field(default=None, repr=False)
 
     def entry_request(self, k: int):
-        return requests.from_annotations(self._annotations, self._core_policy, self._container, k)
-
-    def __repr__(self):
-        return f"Plan({self.kind}, {self.request!r}, {self.why!r})"
+        return requests.from_annotations(self.annotations, self.core_policy, self.container, k)
 
 
 def plan(annotations: dict[str, str], env: Iterable[str], env_requests: bool, core_policy: str,

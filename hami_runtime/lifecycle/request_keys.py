@@ -2,9 +2,7 @@
 spec without any of them passes through without loading the request model."""
 from __future__ import annotations
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
-if TYPE_CHECKING:
-    from collections.abc import Iterable
+from collections.abc import Iterable
 
 
 PREFIXES = ("hami.io/", "nvidia.com/")

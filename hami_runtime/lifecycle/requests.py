@@ -3,76 +3,69 @@ annotations) its env. Pure: strings in, a validated model out, or a refusal
 that names the key and the value."""
 from __future__ import annotations
 
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
-from ..chars import gpu_uuid, number as digits
 from ..config import CORE_POLICIES
 from ..errors import HamiError
-
+from ..names import gpu_uuid, number as digits
 from .request_keys import CONTAINER_DOMAIN, CONTAINER_KEYS, ENV_KEYS, REQUEST_KEYS, split_key
-
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
-if TYPE_CHECKING:
-    from collections.abc import Iterable
 
 MAX_GPUS = 16
 MAX_DECISION_ENTRIES = 256  # containers of one pod in a scheduler decision
 
 
-class AssignedDevice(namedtuple("AssignedDevice", "uuid mem_mib cores")):
-    __slots__ = ()
+class AssignedDevice(NamedTuple):
     uuid: str
     mem_mib: int
     cores: int
 
 
+def _bounded(name: str, value, low: int, high: int, optional: bool = True):
+    if value is None and optional:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"GpuRequest {name}={value!r}: not in {low}..{high}")
+    return value
+
+
+@dataclass(frozen=True)
 class GpuRequest:
-    """A validated request (read-only). Plain, so that a create loads no model
-    library: every value is checked where it is parsed, and again here."""
-    __slots__ = ("source", "count", "mem_mib", "mem_percentage", "cores", "use_uuids",
-                 "avoid_uuids", "use_indices", "use_types", "avoid_types", "core_policy",
-                 "priority", "oversubscribe", "assigned", "keys")
-
-    def __init__(self, source, count=1, mem_mib=None, mem_percentage=None, cores=None,
-                 use_uuids=(), avoid_uuids=(), use_indices=(), use_types=(), avoid_types=(),
-                 core_policy="default", priority=1, oversubscribe=True, assigned=(), keys=None):
-        def bounded(name, value, low, high, optional=True):
-            if value is None and optional:
-                return value
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"GpuRequest {name}={value!r}: not in {low}..{high}")
-            return value
-        if source not in ("annotations", "env"):
-            raise ValueError(f"GpuRequest source={source!r}")
-        if core_policy not in CORE_POLICIES:
-            raise ValueError(f"GpuRequest core_policy={core_policy!r}")
-        if not isinstance(oversubscribe, bool):
-            raise ValueError(f"GpuRequest oversubscribe={oversubscribe!r}")
-        values = dict(
-            source=source, count=bounded("count", count, 1, MAX_GPUS),  # None: every GPU
-            mem_mib=bounded("mem_mib", mem_mib, 1, 1 << 30),
-            mem_percentage=bounded("mem_percentage", mem_percentage, 1, 100),
-            cores=bounded("cores", cores, 0, 100), use_uuids=tuple(use_uuids),
-            avoid_uuids=tuple(avoid_uuids), use_indices=tuple(use_indices),
-            use_types=tuple(use_types), avoid_types=tuple(avoid_types), core_policy=core_policy,
-            priority=bounded("priority", priority, 0, 1, optional=False),
-            oversubscribe=oversubscribe,  # False: never spill to host memory
-            assigned=tuple(assigned), keys=dict(keys or {}))  # keys: the request as written
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"GpuRequest is read-only: cannot set {name!r}")
-
-    def __eq__(self, other):
-        if type(other) is not GpuRequest:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
+    """A validated request (read-only): every value is checked where it is
+    parsed, and again here."""
+    source: str                      # "annotations" or "env"
+    count: int | None = 1            # None: every GPU
+    mem_mib: int | None = None
+    mem_percentage: int | None = None
+    cores: int | None = None
+    use_uuids: tuple = ()
+    avoid_uuids: tuple = ()
+    use_indices: tuple = ()
+    use_types: tuple = ()
+    avoid_types: tuple = ()
+    core_policy: str = "default"
+    priority: int = 1
+    oversubscribe: bool = True       # False: never spill to host memory
+    assigned: tuple = ()
+    keys: dict = field(default_factory=dict)  # the request as written
     __hash__ = None
 
-    def __repr__(self):
-        return "GpuRequest(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+    def __post_init__(self):
+        if self.source not in ("annotations", "env"):
+            raise ValueError(f"GpuRequest source={self.source!r}")
+        if self.core_policy not in CORE_POLICIES:
+            raise ValueError(f"GpuRequest core_policy={self.core_policy!r}")
+        if not isinstance(self.oversubscribe, bool):
+            raise ValueError(f"GpuRequest oversubscribe={self.oversubscribe!r}")
+        _bounded("count", self.count, 1, MAX_GPUS)
+        _bounded("mem_mib", self.mem_mib, 1, 1 << 30)
+        _bounded("mem_percentage", self.mem_percentage, 1, 100)
+        _bounded("cores", self.cores, 0, 100)
+        _bounded("priority", self.priority, 0, 1, optional=False)
+        for name in ("use_uuids", "avoid_uuids", "use_indices", "use_types", "avoid_types", "assigned"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "keys", dict(self.keys or {}))
 
     def key_for(self, short: str) -> str:
         """The key this request wrote `short` under (hami.io/ or nvidia.com/)."""
@@ -89,9 +82,7 @@ class GpuRequest:
         if self.assigned or self.count != len(uuids) or (
                 self.use_uuids and not set(uuids) <= set(self.use_uuids)):
             return None
-        values = {n: getattr(self, n) for n in self.__slots__}
-        values["use_uuids"] = uuids
-        return GpuRequest(**values)
+        return replace(self, use_uuids=uuids)
 
 
 def number(key: str, value: str, low: int, high: int) -> int:

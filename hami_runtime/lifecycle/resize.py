@@ -12,33 +12,28 @@ gets the new size; with one, only that GPU.
 """
 from __future__ import annotations
 
-from collections import namedtuple
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
-from ..chars import number as digits
 from ..config import CORE_POLICIES
 from ..errors import HamiError
+from ..names import number as digits
 from . import store
 from .allocator import Capacity, Usage, usage, wanted_mib
-
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
 
 MAX_MEM_MIB = 1 << 30
 MIB = 1 << 20
 
 
-class Change(namedtuple("Change", "mem_mib mem_percentage cores priority core_policy device force",
-                        defaults=(None, None, None, None, None, None, False))):
+class Change(NamedTuple):
     """A validated change; None = left as it is."""
-    __slots__ = ()
-    mem_mib: int | None
-    mem_percentage: int | None
-    cores: int | None
-    priority: int | None
-    core_policy: str | None
-    device: str | None      # a GPU index or UUID, as typed
-    force: bool
+    mem_mib: int | None = None
+    mem_percentage: int | None = None
+    cores: int | None = None
+    priority: int | None = None
+    core_policy: str | None = None
+    device: str | None = None  # a GPU index or UUID, as typed
+    force: bool = False
 
     def empty(self) -> bool:
         return all(v is None for v in (self.mem_mib, self.mem_percentage, self.cores,

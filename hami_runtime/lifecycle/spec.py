@@ -1,10 +1,10 @@
 """Reading and writing a bundle's config.json (the OCI runtime spec)."""
 from __future__ import annotations
 
+import json
 import os
 import stat
 
-from .. import fastjson as json
 from ..errors import HamiError
 from ..files import atomic_write
 

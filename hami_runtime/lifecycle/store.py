@@ -43,20 +43,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import stat
 import time
+from collections.abc import Iterator
 
-from .. import fastjson as json
-from ..chars import gpu_uuid, root_key as root_key_ok
 from ..config import CORE_POLICIES
 from ..errors import HamiError
 from ..files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
 from ..ids import check_container_id
-
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
-if TYPE_CHECKING:
-    from collections.abc import Iterator
+from ..names import gpu_uuid, root_key as root_key_ok
 
 VERSION = 2
 STATE_FILE = "allocations.json"

@@ -3,7 +3,7 @@ driver's user-space files from the ld cache under the driver root."""
 from __future__ import annotations
 
 import os
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+from typing import NamedTuple
 
 from ..errors import HamiError
 from .gpu import GpuInfo
@@ -17,8 +17,7 @@ LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig", "/sbin/ldconfig.real")
 _CACHE_LINE = r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$"
 
 
-class DriverFile(namedtuple("DriverFile", "host_path container_path")):
-    __slots__ = ()
+class DriverFile(NamedTuple):
     host_path: str       # resolved, under the driver root
     container_path: str  # where the cache lists it (root removed)
 

@@ -12,10 +12,10 @@ replace the entry atomically. A cache that cannot be written is not an error.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 
-from .. import fastjson as json
 from ..errors import HamiError
 from ..files import atomic_write, file_key, read_state_file, sha256_hex
 from . import discovery

@@ -1,11 +1,10 @@
 """One GPU of this node as discovery reports it; what the allocator chooses among."""
 from __future__ import annotations
 
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+from typing import NamedTuple
 
 
-class GpuInfo(namedtuple("GpuInfo", "index uuid model memory_mib minor")):
-    __slots__ = ()
+class GpuInfo(NamedTuple):
     index: int
     uuid: str
     model: str

@@ -21,20 +21,12 @@ import mmap
 import os
 import stat
 import time
-from collections import namedtuple  # not typing.NamedTuple: importing typing costs each create ms
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 from .. import installed
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from pathlib import Path
-
-
-def Path(*parts):  # noqa: N802 - pathlib.Path, loaded on first use (the create path needs none)
-    from pathlib import Path as _Path
-    return _Path(*parts)
 
 REGION_FILE_NAME = "vgpu.region"  # in the container dir (read-write inside)
 LIMITS_FILE_NAME = "limits"  # in the private dir (host-only; read-only inside)
@@ -177,44 +169,38 @@ STATES = {
 }
 
 
-# Named tuples, not dataclasses: the runtime's create path writes a region,
-# and dataclasses loads inspect.
-class DeviceLimit(namedtuple("DeviceLimit", "uuid mem_limit_bytes sm_limit_pct flags", defaults=(0,))):
-    __slots__ = ()
+class DeviceLimit(NamedTuple):
     uuid: str
     mem_limit_bytes: int  # 0 = no limit
     sm_limit_pct: int  # 0 or >= 100 = no limit
-    flags: int  # HAMI_DEVICE_* bits (DEVICE_SPILL)
+    flags: int = 0  # HAMI_DEVICE_* bits (DEVICE_SPILL)
 
     @property
     def spill(self) -> bool:
         return bool(self.flags & DEVICE_SPILL)
 
 
-class DeviceUsage(namedtuple("DeviceUsage", "mem_used ctx_used sm_busy_ns launches")):
-    __slots__ = ()
+class DeviceUsage(NamedTuple):
     mem_used: int
     ctx_used: int
     sm_busy_ns: int
     launches: int
 
 
-class SmTimes(namedtuple("SmTimes", "busy_ns throttled_ns paused_ns")):
+class SmTimes(NamedTuple):
     """A device's SM counters for the whole container, cumulative nanoseconds."""
-    __slots__ = ()
     busy_ns: int  # measured kernel time
     throttled_ns: int  # launches waiting for the SM share
     paused_ns: int  # launches waiting for high-priority work
 
 
-class ProcessUsage(namedtuple("ProcessUsage", "slot pid host_pid started_ns devices owner", defaults=((), 0,))):
-    __slots__ = ()
+class ProcessUsage(NamedTuple):
     slot: int
     pid: int  # as the container sees it
     host_pid: int  # 0 when not known
     started_ns: int
-    devices: Sequence[DeviceUsage]
-    owner: int  # (pid << 32) | (start time in clock ticks & 0xffffffff)
+    devices: Sequence[DeviceUsage] = ()
+    owner: int = 0  # (pid << 32) | (start time in clock ticks & 0xffffffff)
 
     @property
     def mem_used(self) -> int:

@@ -114,12 +114,11 @@ def runc_roots(state_dir: str) -> Dict[str, str]:
     """allocation name -> runc root, as the allocator state says (read without its
     lock: the file is replaced atomically); a root is taken only where it hashes
     to the name's root key. {} when the state cannot be read."""
-    from .. import fastjson
     from ..files import read_state_file
     from ..lifecycle import store
     try:
-        data = fastjson.loads(read_state_file(os.path.join(state_dir, store.STATE_FILE),
-                                              store.MAX_STATE_BYTES))
+        data = json.loads(read_state_file(os.path.join(state_dir, store.STATE_FILE),
+                                          store.MAX_STATE_BYTES))
     except (OSError, ValueError, store.HamiError):
         return {}
     entries = data.get("allocations") if isinstance(data, dict) else None
@@ -236,7 +235,6 @@ class Sampler:
         add_rates(self._last[0], views, now - self._last[1])
         self._last = (views, now)
         return views
-
 
 
 # ---- rendering (pure) ------------------------------------------------------
