@@ -1,27 +1,31 @@
-"""The parsed config, kept in <state_dir>/cache/ so that a create need not load
-tomllib (and with it typing, datetime, string: a good part of its start).
+"""The validated config, kept in <state_dir>/cache/ so that a create need not
+read TOML or validate it through the model (pydantic) while the file is the one
+validated before.
 
-An entry holds the TOML document as parsed (validation still runs on every
-load, so refusals are the same) under the key of the config file it came from:
-path, device, inode, size, mtime_ns and ctime_ns, the same before and after
-reading the open file, and its ctime at least SETTLED_NS old. It is written only into the state dir that the
-validated config names, so an entry found in a directory that is not the
-config's own state dir is never used. The state dir is found without TOML: the
-top-level `state_dir = "..."` line, else the default; a file that sets it some
-other way simply always misses. The entry is a state file (files.py: regular,
-root's or ours, no symlink, bounded); anything unexpected is a miss, and an
-entry that cannot be written is not an error.
+An entry holds the config's values (every key, defaults filled in) under a key
+made of the config file's identity (path, device, inode, size, mtime_ns and
+ctime_ns, the same before and after reading the open file, its ctime at least
+SETTLED_NS old) and the model file's (a new version of the runtime validates
+again). It is written only into the state dir that the validated config names,
+so an entry found in a directory that is not the config's own state dir is
+never used. The state dir is found without TOML: the top-level
+`state_dir = "..."` line, else the default; a file that sets it some other way
+simply always misses. The entry is a state file (files.py: regular, root's or
+ours, no symlink, bounded); anything unexpected is a miss, and an entry that
+cannot be written is not an error.
 """
 from __future__ import annotations
 
 import json
 import os
 
-from .files import atomic_write, file_key, read_state_file  # noqa: F401 (file_key: what entries are keyed by)
+from .files import atomic_write, file_key, read_state_file
+
+__all__ = ["file_key", "lookup", "store", "state_dir_hint"]
 
 CACHE_DIR = "cache"
 CONFIG_FILE = "config.json"
-VERSION = 1
+VERSION = 2
 LIMIT = 256 * 1024  # as the launcher's config limit
 DEFAULT_STATE_DIR = "/run/hami"
 SETTLED_NS = 2_000_000_000  # a file changed more recently than this is not kept
@@ -58,7 +62,7 @@ def entry_path(state_dir: str) -> str:
 
 
 def lookup(state_dir: str, key: list):
-    """The parsed document stored for this key in state_dir, or None."""
+    """The values stored for this key in state_dir, or None."""
     if not state_dir:
         return None
     try:
@@ -66,17 +70,17 @@ def lookup(state_dir: str, key: list):
     except Exception:  # missing, refused or not JSON: a miss
         return None
     if not isinstance(entry, dict) or entry.get("version") != VERSION or entry.get("key") != key \
-            or entry.get("state_dir") != state_dir or not isinstance(entry.get("document"), dict):
+            or entry.get("state_dir") != state_dir or not isinstance(entry.get("values"), dict):
         return None
-    return entry["document"]
+    return entry["values"]
 
 
-def store(state_dir: str, key: list, document: dict) -> None:
-    """Keep the document for this key, in a state dir that already exists."""
+def store(state_dir: str, key: list, values: dict) -> None:
+    """Keep the values for this key, in a state dir that already exists."""
     try:
         data = json.dumps({"version": VERSION, "key": key, "state_dir": state_dir,
-                           "document": document}, allow_nan=False).encode()
-    except (TypeError, ValueError):  # a TOML date or nan: not kept
+                           "values": values}, allow_nan=False).encode()
+    except (TypeError, ValueError):  # not JSON (nan): not kept
         return
     if len(data) > LIMIT or not os.path.isdir(state_dir):
         return

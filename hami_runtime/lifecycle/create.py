@@ -104,8 +104,8 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         modifiers.Mount(boards.board_root(cfg.state_dir, boards.PRIORITY), modifiers.PRIORITY_BOARD_DIR,
                         tuple(modifiers.RO_BIND)),
     ]
-    mounts += [modifiers.Mount(m.source, m.destination,
-                               tuple(modifiers.RO_BIND if m.readonly else modifiers.RW_BIND))
+    mounts += [modifiers.Mount(m["source"], m["destination"],
+                               tuple(modifiers.RO_BIND if m["readonly"] else modifiers.RW_BIND))
                for m in cfg.extra_mounts]
     env = {f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{g.mem_mib}m" for i, g in enumerate(grants)}
     env["CUDA_DEVICE_SM_LIMIT"] = str(grants[0].cores)

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from ..config import CORE_POLICIES
 from ..errors import HamiError
 from ..names import gpu_uuid, number as digits
+from ..policies import CORE_POLICIES
 from .request_keys import CONTAINER_DOMAIN, CONTAINER_KEYS, ENV_KEYS, REQUEST_KEYS, split_key
 
 MAX_GPUS = 16

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from ..config import CORE_POLICIES
 from ..errors import HamiError
 from ..names import number as digits
+from ..policies import CORE_POLICIES
 from . import store
 from .allocator import Capacity, Usage, usage, wanted_mib
 

@@ -49,11 +49,11 @@ import stat
 import time
 from collections.abc import Iterator
 
-from ..config import CORE_POLICIES
 from ..errors import HamiError
 from ..files import atomic_write, open_state_file, process_alive, read_state_file, sha256_hex
 from ..ids import check_container_id
 from ..names import gpu_uuid, root_key as root_key_ok
+from ..policies import CORE_POLICIES
 
 VERSION = 2
 STATE_FILE = "allocations.json"

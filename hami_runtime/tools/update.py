@@ -20,9 +20,9 @@ import time
 import click
 
 from .. import config as config_mod
-from ..config import CORE_POLICIES
 from ..errors import HamiError
 from ..lifecycle import allocator, container_files, resize, store
+from ..policies import CORE_POLICIES
 
 MIB = 1 << 20
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from hami_runtime import config, installed
+from hami_runtime.config_model import NodeConfig
 from tests.conftest import ROOT
 
 if sys.version_info >= (3, 11):
@@ -43,7 +44,7 @@ def test_this_tree_has_no_environment():
 
 
 def test_example_config_is_valid_and_changes_nothing():
-    assert config.from_mapping(tomllib.loads(EXAMPLE.read_text())) == config.Config()
+    assert config.Config(**tomllib.loads(EXAMPLE.read_text())) == config.Config()
 
 
 def test_example_config_lines_are_the_defaults():
@@ -52,5 +53,5 @@ def test_example_config_lines_are_the_defaults():
     text = EXAMPLE.read_text().split("# [extra_env]")[0]
     lines = re.findall(r"^# ([a-z_]+ = .+)$", text, re.M)
     document = tomllib.loads("\n".join(lines))
-    assert config.from_mapping(document) == config.Config()
-    assert set(document) == set(config.VALIDATORS) - {"extra_env", "extra_mounts", "hook_command"}
+    assert config.Config(**document) == config.Config()
+    assert set(document) == set(NodeConfig.model_fields) - {"extra_env", "extra_mounts", "hook_command"}

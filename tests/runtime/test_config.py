@@ -45,7 +45,7 @@ def test_full_config(tmp_path, monkeypatch):
     assert cfg.split_count == 4 and cfg.memory_scaling == 1.5 and cfg.policy == "spread"
     assert cfg.core_policy == "force"
     assert cfg.env_requests is False and cfg.extra_env == {"FOO": "bar"}
-    assert cfg.extra_mounts == [config.ExtraMount("/srv/a", "/a", True)]
+    assert cfg.extra_mounts == [{"source": "/srv/a", "destination": "/a", "readonly": True}]
     import tomllib
     jsonschema.validate(tomllib.loads(FULL), SCHEMA)
 
@@ -71,7 +71,11 @@ def test_defaults(monkeypatch):
     ("env_requests = \"yes\"", "config env_requests"),
     ("log_level = \"loud\"", "config log_level"),
     ("[extra_env]\n\"1BAD\" = \"x\"", "config extra_env.1BAD"),
-    ("[[extra_mounts]]\nsource = \"/a\"", "config extra_mounts[0]"),
+    ("[[extra_mounts]]\nsource = \"/a\"", "config extra_mounts[0].destination"),
+    ("[[extra_mounts]]\nsource = \"a\"\ndestination = \"/b\"", "config extra_mounts[0].source"),
+    ("runtime = [\"/usr/bin/runc\", \"runc\"]", "config runtime[1]"),
+    ("split_count = true", "config split_count"),
+    ("hook_command = [\"hami-hook\"]", "config hook_command"),
     ("[[extra_mounts]]\nsource = \"/a\"\ndestination = \"/b\"\nmode = 1", "config extra_mounts[0].mode"),
 ])
 def test_bad_values_name_the_key(tmp_path, text, key):
@@ -80,6 +84,7 @@ def test_bad_values_name_the_key(tmp_path, text, key):
     with pytest.raises(HamiError) as caught:
         config.load(str(path))
     assert caught.value.field == key
+    assert f"(in {path})" in str(caught.value)  # and the file
 
 
 def test_runtime_that_is_us_is_refused(tmp_path):
@@ -100,7 +105,7 @@ def test_sim_config_matches_schema():
         pytest.skip("make sim writes build/sim/hami.toml")
     raw = tomllib.loads(path.read_text())
     jsonschema.validate(raw, SCHEMA)
-    cfg = config.from_mapping(raw)
+    cfg = config.Config(**raw)
     assert cfg.extra_env["HAMI_SIM_STATE"].startswith("/run/hami-sim/")
     assert os.path.isabs(cfg.nvml_library) and os.path.isabs(cfg.driver_root)
 
@@ -111,5 +116,20 @@ def test_config_is_read_only_with_fresh_defaults():
     assert config.Config(split_count=4) != a and "split_count=4" in repr(config.Config(split_count=4))
     with pytest.raises(AttributeError):
         a.split_count = 3
-    with pytest.raises(TypeError):
+    with pytest.raises(HamiError, match="unknown key"):
         config.Config(no_such_key=1)
+
+
+def test_schema_file_is_the_models():
+    """schemas/config.schema.json is what `python -m hami_runtime.config_model` writes."""
+    from hami_runtime import config_model
+    assert SCHEMA == config_model.schema()
+
+
+@pytest.mark.parametrize("text", [FULL, "", "split_count = 3\n"])
+def test_schema_and_model_accept_the_same(tmp_path, text):
+    import tomllib
+    jsonschema.validate(tomllib.loads(text), SCHEMA)
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    config.load(str(path))

@@ -89,7 +89,7 @@ def test_an_unusable_entry_is_a_miss(tmp_path, settled, tamper):
         entry.write_bytes(b"\x00not json")
     elif tamper == "other key":
         entry.write_bytes(entry.read_bytes().replace(b'"split_count": 4', b'"split_count": 9')
-                          .replace(b'"key": ["', b'"key": ["x'))
+                          .replace(b'"key": [["', b'"key": [["x'))
     else:
         entry.write_bytes(b" " * (config_cache.LIMIT + 1))
     assert config.load(str(path)).split_count == 4
