@@ -110,9 +110,9 @@ def main() -> int:
         if not ready.wait(60):
             raise RuntimeError("the create path did not finish")
         from hami_runtime import config as config_mod
-        from hami_runtime.lifecycle import resize, store
+        from hami_runtime.lifecycle import resize, state_layout
         from hami_runtime.tools import update
-        name = store.alloc_name(str(work / "runc"), "resized")
+        name = state_layout.alloc_name(str(work / "runc"), "resized")
         probe = Probe(work / "state", name, work / "sim.state")
         cfg = config_mod.load(str(config))
 

@@ -41,7 +41,7 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-    from hami_runtime.lifecycle import store
+    from hami_runtime.lifecycle import state_layout, store
     from hami_runtime.errors import HamiError
     from hami_runtime.ids import check_container_id
 
@@ -60,8 +60,8 @@ def main(argv=None) -> int:
         return _fail("--runc-root: needed (an allocation belongs to a runc root and an id)")
     try:
         if stage == "createRuntime":
-            name = store.alloc_name(options["runc-root"], cid)
-            store.record_host_pid(options["state-dir"], name, int(state.get("pid") or 0))
+            name = state_layout.alloc_name(options["runc-root"], cid)
+            state_layout.record_host_pid(options["state-dir"], name, int(state.get("pid") or 0))
         else:
             store.release(options["state-dir"], options["runc-root"], cid)
     except (HamiError, OSError) as exc:

@@ -39,17 +39,6 @@ static void track(int kind, uint64_t key, int index, uint64_t bytes, CUcontext c
     hami_res_put(&res);
 }
 
-static void give_back(const struct hami_res *res)
-{
-    if (res->kind != HAMI_RES_ASYNC && res->kind != HAMI_RES_CTX)
-        hami_mem_uncharge(res->dev, res->bytes);
-}
-
-void hami_mem_release_ctx(CUcontext ctx)
-{
-    hami_res_take_ctx(ctx, give_back);
-}
-
 /* ---- plain, managed, pitch ---- */
 
 /* Oversubscription (HAMI_DEVICE_SPILL): a plain allocation the container's limit let
@@ -235,7 +224,7 @@ static void pool_settle(struct pool_rec *rec)
     rec->charged = reserved;
 }
 
-void hami_pools_settle_all(void)
+static void settle_pools(void)
 {
     pthread_mutex_lock(&pools_lock);
     int count = pool_count;
@@ -805,7 +794,7 @@ HAMI_HOOK(CUresult, cuMemGetInfo_v2, (size_t *free, size_t *total), (free, total
     int index = rc == CUDA_SUCCESS ? hami_current_device_index(&dev) : -1;
     if (!hami_mem_limit(index))
         return rc;
-    hami_pools_settle_all();
+    settle_pools();
     hami_reconcile(index, dev);
     uint64_t shown_total = *total, shown_free = *free;
     hami_mem_view(index, &shown_total, NULL, &shown_free);
@@ -821,4 +810,11 @@ HAMI_HOOK(CUresult, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev), (bytes, 
     if (rc == CUDA_SUCCESS && bytes && hami_mem_view(hami_region_device_index(dev), &shown, NULL, NULL))
         *bytes = shown;
     return rc;
+}
+
+/* Before refusing a charge, the accounting gives back what released pool memory
+ * held: it asks this file, which it does not call by name (one direction). */
+__attribute__((constructor)) static void register_pool_settling(void)
+{
+    hami_mem_before_refusal(settle_pools);
 }

@@ -1,6 +1,6 @@
 /*
  * Every symbol libvgpu interposes, in one list: X(name, library). The export
- * table, the dlsym map and the cuGetProcAddress map (symbols.c) and the ids
+ * table, the dlsym map and the cuGetProcAddress map (interpose.c) and the ids
  * used to reach the real driver's entry points are all generated from it.
  * Each listed name is defined once, with its real prototype, by a hook file,
  * through HAMI_HOOK (below).

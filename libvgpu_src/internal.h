@@ -27,8 +27,11 @@ static inline void hami_sleep_ns(int64_t ns, int64_t min_ns, int64_t max_ns)
     clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
 }
 
-/* symbols.c: the real driver's entry point for `name` (never one of our hooks), or NULL. */
+/* symbols.c: the real driver's entry point for `name` (never one of our hooks), or NULL;
+ * the C library's own dlsym (ours interposes it: interpose.c). */
 void *hami_driver_symbol(const char *name);
+typedef void *(*hami_dlsym_fn)(void *, const char *);
+hami_dlsym_fn hami_real_dlsym(void);
 
 /* limits.c: the limits from the environment (bare use), and the host's limits file
  * mapped read-only, checked to be on a read-only mount with sane fields (NULL, and
@@ -36,7 +39,7 @@ void *hami_driver_symbol(const char *name);
 const struct hami_limits *hami_limits_from_env(void);
 const struct hami_limits *hami_limits_map(const char *path, char *why, size_t len);
 
-/* region.c: one of a runtime-made container's files at its fixed path, opened without
+/* limits.c: one of a runtime-made container's files at its fixed path, opened without
  * following a link or blocking on a FIFO, a regular file of `size` bytes (read-only: on a
  * read-only mount, as the runtime mounts the limits), mapped; NULL and why (naming `what`)
  * otherwise. */
@@ -143,9 +146,10 @@ int hami_res_take(int kind, uint64_t key, struct hami_res *out);
 /* Removes every entry owned by `ctx`, calling `fn` for each. */
 void hami_res_take_ctx(CUcontext ctx, void (*fn)(const struct hami_res *res));
 
-/* cuda_memory.c: gives back what a destroyed context held; settles every pool's charge. */
+/* memory.c: gives back what a destroyed context held; `settle` (cuda_memory.c's, set
+ * once at load) runs before a charge is refused, to settle every pool's charge. */
 void hami_mem_release_ctx(CUcontext ctx);
-void hami_pools_settle_all(void);
+void hami_mem_before_refusal(void (*settle)(void));
 
 /* cuda_context.c: the region index of the current context's device (-1 if none);
  * charges what the driver holds for this process beyond what the hooks charged

@@ -1,13 +1,44 @@
 /* The container's limits (struct hami_limits, region.h): in a runtime-made
  * container the host's file, mapped read-only and checked to be the read-only
- * mount the runtime made; in bare use, filled from the environment. */
+ * mount the runtime made; in bare use, filled from the environment. Also how the
+ * runtime's files (the limits, the region) are mapped: as the runtime made them. */
 #include "internal.h"
 #include "log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
+#include <unistd.h>
+
+void *hami_map_runtime_file(const char *path, size_t size, int writable, const char *what, char *why,
+                            size_t len)
+{
+    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, len, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    void *p = NULL;
+    struct stat st;
+    struct statvfs vfs;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size != size) {
+        snprintf(why, len, "%s %s: not the runtime's (a regular file of %zu bytes)", what, path, size);
+    } else if (!writable && (fstatvfs(fd, &vfs) < 0 || !(vfs.f_flag & ST_RDONLY))) {
+        /* the runtime mounts it read-only: anything writable was made inside */
+        snprintf(why, len, "%s %s: writable, not the runtime's read-only mount", what, path);
+    } else if ((p = mmap(NULL, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0)) ==
+               MAP_FAILED) {
+        p = NULL;
+        snprintf(why, len, "%s %s: mmap: %s", what, path, strerror(errno));
+    }
+    close(fd);
+    return p;
+}
 
 static struct hami_limits env_limits;
 

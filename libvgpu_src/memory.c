@@ -17,6 +17,9 @@
 static uint64_t own_used[HAMI_MAX_DEVICES];
 static pthread_once_t own_once = PTHREAD_ONCE_INIT;
 
+/* The allocation layer's: settles its pools' charges before a charge is refused. */
+static void (*before_refusal)(void);
+
 static void own_forget_in_child(void)
 {
     for (int d = 0; d < HAMI_MAX_DEVICES; d++)
@@ -100,6 +103,11 @@ static int try_charge(int dev, uint64_t bytes, uint64_t limit)
     return rc;
 }
 
+void hami_mem_before_refusal(void (*settle)(void))
+{
+    __atomic_store_n(&before_refusal, settle, __ATOMIC_RELEASE);
+}
+
 int hami_mem_charge(int dev, uint64_t bytes)
 {
     if (dev < 0 || dev >= HAMI_MAX_DEVICES || bytes == 0)
@@ -112,7 +120,9 @@ int hami_mem_charge(int dev, uint64_t bytes)
             return 0;
         /* Before refusing: give back what exited processes and released pool memory held. */
         hami_region_reclaim_dead();
-        hami_pools_settle_all();
+        void (*settle)(void) = __atomic_load_n(&before_refusal, __ATOMIC_ACQUIRE);
+        if (settle)
+            settle();
         if (try_charge(dev, bytes, limit) == 0)
             return 0;
     }
@@ -160,4 +170,15 @@ void hami_ctx_charged(int dev, int64_t delta)
     else
         sub_clamped(&self->ctx_used[dev], (uint64_t)-delta);
     hami_slot_end();
+}
+
+static void give_back(const struct hami_res *res)
+{
+    if (res->kind != HAMI_RES_ASYNC && res->kind != HAMI_RES_CTX)
+        hami_mem_uncharge(res->dev, res->bytes);
+}
+
+void hami_mem_release_ctx(CUcontext ctx)
+{
+    hami_res_take_ctx(ctx, give_back);
 }

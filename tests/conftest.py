@@ -55,3 +55,31 @@ class PidService:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def cycles(graph: dict) -> list:
+    """The strongly connected parts of more than one node (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            part = set()
+            while not part or node not in part:
+                part.add(stack.pop())
+            on_stack.difference_update(part)
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found

@@ -32,7 +32,7 @@ import time
 
 from ..errors import HamiError
 from ..names import gpu_uuid
-from . import store
+from . import state_layout
 
 ACTIVITY = "activity"         # the activity board, under the state dir
 PRIORITY = "priority"         # the priority board, likewise
@@ -71,7 +71,7 @@ def _open_dir(parent_fd: int, name: str, create: bool = False) -> int | None:
 
 @contextlib.contextmanager
 def _board(state_dir: str, board: str, create: bool):
-    fd = store.subdir_fd(state_dir, board, create=create)
+    fd = state_layout.subdir_fd(state_dir, board, create=create)
     try:
         yield fd
     finally:
@@ -93,7 +93,7 @@ def _each_gpu_dir(board: int, visit) -> None:
 @contextlib.contextmanager
 def _stamps(state_dir: str, name: str, create: bool):
     """An fd on containers/<name>/activity (None when there is none)."""
-    containers = store.subdir_fd(state_dir, "containers", create=create)
+    containers = state_layout.subdir_fd(state_dir, "containers", create=create)
     if containers is None:
         yield None
         return
@@ -110,7 +110,7 @@ def _stamps(state_dir: str, name: str, create: bool):
 
 def make_stamps(state_dir: str, name: str, gpu_uuids) -> None:
     """The container's zeroed stamps, one per GPU (its region dir exists)."""
-    store.check_name(name)
+    state_layout.check_name(name)
     uuids = _uuids(gpu_uuids)
     with _stamps(state_dir, name, create=True) as activity:
         if activity is None:
@@ -161,7 +161,7 @@ def _link_only(state_dir: str, board: str, name: str, uuids: list[str], wanted: 
     on no other GPU. Idempotent."""
     def drop_unwanted(uuid, gpu_fd):
         if uuid not in wanted:
-            store.remove_at(gpu_fd, name)
+            state_layout.remove_at(gpu_fd, name)
 
     with _board(state_dir, board, create=True) as board_fd:
         _each_gpu_dir(board_fd, drop_unwanted)
@@ -181,7 +181,7 @@ def _link_only(state_dir: str, board: str, name: str, uuids: list[str], wanted: 
 
 def join(state_dir: str, name: str, gpu_uuids) -> None:
     """The container's stamps on the activity board of each of its GPUs (create)."""
-    store.check_name(name)
+    state_layout.check_name(name)
     uuids = _uuids(gpu_uuids)
     _link_only(state_dir, ACTIVITY, name, uuids, set(uuids))
 
@@ -190,7 +190,7 @@ def set_priority(state_dir: str, name: str, gpu_uuids, priority: int) -> None:
     """Make the priority board say it: with priority 0, the container's stamps on its
     GPUs (and no others) are linked; with 1, none is. Idempotent; create and
     `hamictl update --priority` come through here (release through clear)."""
-    store.check_name(name)
+    state_layout.check_name(name)
     uuids = _uuids(gpu_uuids)
     if priority not in PRIORITIES or isinstance(priority, bool):
         raise HamiError("priority", priority, "must be 0 (high) or 1 (low)")
@@ -202,7 +202,7 @@ def clear(state_dir: str, name: str) -> None:
     for board in (ACTIVITY, PRIORITY):
         with _board(state_dir, board, create=False) as board_fd:
             if board_fd is not None:
-                _each_gpu_dir(board_fd, lambda _, gpu_fd: store.remove_at(gpu_fd, name))
+                _each_gpu_dir(board_fd, lambda _, gpu_fd: state_layout.remove_at(gpu_fd, name))
 
 
 def _drop_stale_temp(gpu_fd: int, entry: str) -> None:
@@ -232,4 +232,4 @@ def _sweep_gpu(board: str, uuid: str, gpu_fd: int, allocations: dict[str, dict])
         owner = allocations.get(entry)
         if owner is None or (board == PRIORITY and owner.get("priority") != 0) or \
                 uuid not in {d.get("uuid") for d in owner.get("devices", ())}:
-            store.remove_at(gpu_fd, entry)
+            state_layout.remove_at(gpu_fd, entry)

@@ -19,7 +19,7 @@ import json
 import os
 
 from ..errors import HamiError
-from . import store
+from . import state_layout, store
 
 IDENTITY_FILE = "region.json"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -27,7 +27,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def limits_path(state_dir: str, name: str) -> str:
     from ..node import region
-    return os.path.join(store.private_dir(state_dir, name), region.LIMITS_FILE_NAME)
+    return os.path.join(state_layout.private_dir(state_dir, name), region.LIMITS_FILE_NAME)
 
 
 def make(state_dir: str, name: str, devices, core_policy: str, priority: int,
@@ -36,16 +36,16 @@ def make(state_dir: str, name: str, devices, core_policy: str, priority: int,
     from ..files import atomic_write
     from ..node import region
     region.create_limits(limits_path(state_dir, name), devices, core_policy, priority, priority_idle_ms)
-    made = region.create_region(os.path.join(store.container_dir(state_dir, name),
+    made = region.create_region(os.path.join(state_layout.container_dir(state_dir, name),
                                              region.REGION_FILE_NAME))
-    atomic_write(os.path.join(store.private_dir(state_dir, name), IDENTITY_FILE),
+    atomic_write(os.path.join(state_layout.private_dir(state_dir, name), IDENTITY_FILE),
                  json.dumps(region.identity(made)).encode(), 0o644)
 
 
 @contextlib.contextmanager
 def _dir(state_dir: str, sub: str, name: str):
     """An fd on <sub>/<name>, opened without following a link anywhere on the way."""
-    parent = store.subdir_fd(state_dir, sub)
+    parent = state_layout.subdir_fd(state_dir, sub)
     if parent is None:
         raise FileNotFoundError(f"{state_dir}/{sub}: missing")
     try:
@@ -63,7 +63,7 @@ def _dir(state_dir: str, sub: str, name: str):
 
 def region_identity(state_dir: str, name: str):
     """The identity recorded for the region, None when none is (or not one)."""
-    found = store.read_json(os.path.join(store.private_dir(state_dir, name), IDENTITY_FILE))
+    found = store.read_json(os.path.join(state_layout.private_dir(state_dir, name), IDENTITY_FILE))
     if isinstance(found, list) and len(found) == 2 and all(
             isinstance(v, int) and not isinstance(v, bool) for v in found):
         return found
@@ -96,7 +96,7 @@ def processes(state_dir: str, name: str, reg, device_count: int):
     False (gone, or its pid now another process's), None (the host cannot look:
     the container's first process is not known or gone)."""
     from ..node import host_pids
-    found = host_pids.in_namespace_of(store.host_pid(state_dir, name))
+    found = host_pids.in_namespace_of(state_layout.host_pid(state_dir, name))
     seen = []
     for proc in reg.processes(device_count):
         proc = proc._replace(host_pid=found.get(proc.pid, 0))

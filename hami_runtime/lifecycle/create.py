@@ -74,7 +74,7 @@ def create_hook_argv(cfg: Config, launcher, runc_root: str) -> list[str]:
     runc's create and delete), unless the config names its own hook command."""
     if cfg.hook_command or not usable_launcher(launcher):
         return []
-    from .store import root_key
+    from .state_layout import root_key
     return [launcher, "hami-hook", "--state-dir", cfg.state_dir, "--root-key", root_key(runc_root)]
 
 
@@ -87,10 +87,10 @@ def hook_argv(cfg: Config, runc_root: str) -> list[str]:
 
 def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
                     request, marker: dict, launcher=None) -> "modifiers.Injection":
-    from . import boards, container_files, modifiers, store
+    from . import boards, container_files, modifiers, state_layout
     minor_of = {g.uuid: g.minor for g in gpus}
-    region_dir = store.container_dir(cfg.state_dir, name)
-    preload = os.path.join(store.private_dir(cfg.state_dir, name), "ld.so.preload")
+    region_dir = state_layout.container_dir(cfg.state_dir, name)
+    preload = os.path.join(state_layout.private_dir(cfg.state_dir, name), "ld.so.preload")
     mounts = [modifiers.Mount(f.host_path, f.container_path, tuple(modifiers.RO_BIND))
               for f in driver_files]
     mounts += [
@@ -144,10 +144,10 @@ def spill_flags(cfg: Config, request) -> int:
 
 def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
                        ) -> None:
-    from . import boards, container_files, modifiers, store
+    from . import boards, container_files, modifiers, state_layout
     from ..node import region
     from ..files import atomic_write
-    region_dir, private = store.make_dirs(cfg.state_dir, name)
+    region_dir, private = state_layout.make_dirs(cfg.state_dir, name)
     # every container stamps and is on the activity board; the priority board
     # links only high-priority ones
     uuids = [g.uuid for g in grants]
@@ -202,10 +202,10 @@ def _allocate(cfg: Config, request, pinned, gpus, state):
 def _holds_and_runs(state, runc_root: str):
     """running(record) for pod_ledger.place: the record's container has an
     allocation here and runs (or its create does)."""
-    from . import store
+    from . import state_layout, store
 
     def running(record) -> bool:
-        name = store.alloc_name(runc_root, record["id"])
+        name = state_layout.alloc_name(runc_root, record["id"])
         entry = state.allocations.get(name) or (state.invalid.get(name) or {}).get("entry")
         return isinstance(entry, dict) and store.entry_running(entry)
     return running
@@ -233,14 +233,14 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     if plan.kind in (pod_requests.ALONE, pod_requests.NAMED) and plan.request is None:
         return _passed_through(cfg, who, annotations, env)
     import time
-    from . import modifiers, store
+    from . import modifiers, state_layout, store
     from ..files import process_start
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
     gpus = discovery_cache.gpus(cfg)
     majors = device_majors(cfg)
     driver_files = discovery_cache.driver_files(cfg)
-    name = store.alloc_name(inv.root, cid)
+    name = state_layout.alloc_name(inv.root, cid)
     creator = {"pid": os.getpid(), "start": process_start(os.getpid())}
     request, how, refusal = plan.request, plan.why, None
     with store.transaction(cfg.state_dir) as state:
@@ -255,7 +255,7 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
             placed = pod_ledger.place(state.pods.get(key), member, inv.root, cid, creator, plan,
                                       _holds_and_runs(state, inv.root))
             for old in placed.release:
-                state.release(store.alloc_name(inv.root, old))
+                state.release(state_layout.alloc_name(inv.root, old))
             state.pods[key] = placed.ledger
             request, how, pinned, refusal = placed.request, placed.why, placed.pinned, placed.refusal
         if request is not None:

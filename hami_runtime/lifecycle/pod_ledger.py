@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..errors import HamiError
 from ..files import process_alive
 from ..names import dns_label, gpu_uuid
-from . import store
+from . import state_layout
 
 if TYPE_CHECKING:
     from .pod_identity import PodMember
@@ -45,11 +45,11 @@ ENTRY_FIELDS = {"sandbox", "container", "position", "slice"}  # an allocation's 
 
 def pod_key(runc_root: str, sandbox: str) -> str:
     """The pod's key: named as an allocation is, by its sandbox's id under the runc root."""
-    return store.alloc_name(runc_root, sandbox)
+    return state_layout.alloc_name(runc_root, sandbox)
 
 
 def _position_ok(value) -> bool:
-    return store.is_int(value, 0, MAX_CONTAINERS * 4)
+    return state_layout.is_int(value, 0, MAX_CONTAINERS * 4)
 
 
 def record_problem(runc_root: str, name, record) -> str:
@@ -60,16 +60,16 @@ def record_problem(runc_root: str, name, record) -> str:
     if not _position_ok(record["position"]):
         return f"{name}: position={record['position']!r} is not a whole number"
     try:
-        store.alloc_name(runc_root, record["id"])
+        state_layout.alloc_name(runc_root, record["id"])
     except HamiError as exc:
         return f"{name}: {exc.line()}"
-    why = store.creator_problem(record["creator"])
+    why = state_layout.creator_problem(record["creator"])
     if why:
         return f"{name}: {why}"
     if record["slice"] not in SLICES:
         return f"{name}: slice={record['slice']!r} is not one of {', '.join(SLICES)}"
     uuids = record["uuids"]
-    if not isinstance(uuids, list) or len(uuids) > store.MAX_DEVICES or len(set(map(str, uuids))) != len(
+    if not isinstance(uuids, list) or len(uuids) > state_layout.MAX_DEVICES or len(set(map(str, uuids))) != len(
             uuids) or not all(isinstance(u, str) and gpu_uuid(u) for u in uuids):
         return f"{name}: uuids={uuids!r} is not a list of distinct GPU UUIDs"
     return ""
@@ -80,7 +80,7 @@ def problem(key, ledger) -> str:
     if not isinstance(ledger, dict) or set(ledger) != LEDGER_FIELDS:
         return f"must be an object with exactly {', '.join(sorted(LEDGER_FIELDS))}"
     root = ledger["runc_root"]
-    why = store.stored_name_problem(key, root, ledger["sandbox"], "sandbox")
+    why = state_layout.stored_name_problem(key, root, ledger["sandbox"], "sandbox")
     if why:
         return why
     if not isinstance(ledger["complete"], bool):
@@ -139,10 +139,10 @@ def alive(ledger: dict) -> bool:
     """The pod still has something under its runc root: its sandbox's container,
     a container it lists, or a create of one that runs."""
     root = ledger["runc_root"]
-    if store.runc_made(root, ledger["sandbox"]):
+    if state_layout.runc_made(root, ledger["sandbox"]):
         return True
     return any(process_alive(r["creator"].get("pid", 0), r["creator"].get("start"))
-               or store.runc_made(root, r["id"]) for r in ledger["containers"].values())
+               or state_layout.runc_made(root, r["id"]) for r in ledger["containers"].values())
 
 
 def rebuild(pods: dict[str, dict], allocations: dict[str, dict]) -> None:

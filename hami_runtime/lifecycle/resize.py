@@ -18,7 +18,7 @@ from typing import NamedTuple
 from ..errors import HamiError
 from ..names import number as digits
 from ..policies import CORE_POLICIES
-from . import store
+from . import state_layout
 from .allocator import Capacity, Usage, usage, wanted_mib
 
 MAX_MEM_MIB = 1 << 30
@@ -85,7 +85,7 @@ def find(allocations: Mapping[str, Mapping], cid: str, root_name: str | None = N
     if names:
         return names[0]
     for name, bad in sorted(invalid.items()):
-        if name == root_name or (root_name is None and store.id_of(name) == cid):
+        if name == root_name or (root_name is None and state_layout.id_of(name) == cid):
             raise HamiError("container", cid, f"its allocation entry {name!r} is invalid "
                             f"({bad.get('reason')}): run hamictl doctor")
     where = "under that runc root" if root_name is not None else "on this node"

@@ -21,7 +21,7 @@ import click
 
 from ..errors import HamiError
 from ..files import read_state_file
-from ..lifecycle import allocator, store
+from ..lifecycle import allocator, state_layout, store
 
 
 def _aside(path: str) -> str:
@@ -44,7 +44,7 @@ def check_files(state_dir: str, repair: bool, out: List[str]) -> None:
             if repair:
                 line += f"; moved aside to {_aside(path)}"
             out.append(line)
-    for sub in store.SUBDIRS:
+    for sub in state_layout.SUBDIRS:
         path = os.path.join(state_dir, sub)
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
             line = f"{path}: is {'a symbolic link' if os.path.islink(path) else 'not a directory'}"
@@ -111,7 +111,7 @@ def orphans(state_dir: str, out: List[str]) -> None:
             raise _NoWrite(keep)
     except _NoWrite as stop:
         keep = stop.args[0]
-    for sub in store.SUBDIRS:
+    for sub in state_layout.SUBDIRS:
         path = os.path.join(state_dir, sub)
         if os.path.islink(path) or not os.path.isdir(path):
             continue
@@ -124,7 +124,7 @@ def old_layout(state_dir: str, repair: bool, out: List[str]) -> None:
     """Dirs named by the id alone (made before allocations had a runc root): a
     live container may still mount one, so only --repair removes those whose
     container is gone."""
-    for sub in store.SUBDIRS:
+    for sub in state_layout.SUBDIRS:
         path = os.path.join(state_dir, sub)
         if os.path.islink(path) or not os.path.isdir(path):
             continue
@@ -133,13 +133,13 @@ def old_layout(state_dir: str, repair: bool, out: List[str]) -> None:
                 continue
             owner = store.read_json(os.path.join(state_dir, "private", name, store.OWNER_FILE))
             root = owner.get("runc_root") if isinstance(owner, dict) else None
-            live = isinstance(root, str) and os.path.isabs(root) and store.runc_made(root, name)
+            live = isinstance(root, str) and os.path.isabs(root) and state_layout.runc_made(root, name)
             line = f"{os.path.join(path, name)}: not an allocation name" + (
                 " (a container made before allocations had a runc root; still there)" if live else "")
             if repair and not live:
-                fd = store.subdir_fd(state_dir, sub)
+                fd = state_layout.subdir_fd(state_dir, sub)
                 try:
-                    store.remove_at(fd, name)
+                    state_layout.remove_at(fd, name)
                 finally:
                     os.close(fd)
                 line += "; removed"

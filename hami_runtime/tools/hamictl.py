@@ -112,11 +112,11 @@ def gpus(ctx, as_json):
 @click.pass_context
 def ps(ctx, as_json):
     """Allocations: container, GPU, memory, cores, PID."""
-    from ..lifecycle import store
+    from ..lifecycle import state_layout
     cfg = _config(ctx.obj["config_path"])
     rows = []
     for name, entry in sorted(allocations(cfg).items(), key=lambda kv: (kv[1]["id"], kv[0])):
-        pid = entry.get("pid") or store.host_pid(cfg.state_dir, name)
+        pid = entry.get("pid") or state_layout.host_pid(cfg.state_dir, name)
         for device in entry["devices"]:
             rows.append({"container": entry["id"], "runc_root": entry["runc_root"],
                          "gpu": device.get("index"), "uuid": device["uuid"],

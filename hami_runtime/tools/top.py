@@ -86,10 +86,10 @@ def region_files(state_dir: str) -> Dict[str, str]:
     whose region the runtime has made (a create still writing it is left out; a
     region removed from inside is not, and shows as that container's error); a
     symlinked containers/ is not read."""
-    from ..lifecycle import container_files, store
+    from ..lifecycle import container_files, state_layout, store
     region = region_module()
     try:
-        fd = store.subdir_fd(state_dir, "containers")
+        fd = state_layout.subdir_fd(state_dir, "containers")
     except store.HamiError:
         return {}
     if fd is None:
@@ -115,7 +115,7 @@ def runc_roots(state_dir: str) -> Dict[str, str]:
     lock: the file is replaced atomically); a root is taken only where it hashes
     to the name's root key. {} when the state cannot be read."""
     from ..files import read_state_file
-    from ..lifecycle import store
+    from ..lifecycle import state_layout, store
     try:
         data = json.loads(read_state_file(os.path.join(state_dir, store.STATE_FILE),
                                           store.MAX_STATE_BYTES))
@@ -126,7 +126,7 @@ def runc_roots(state_dir: str) -> Dict[str, str]:
     for name, entry in (entries.items() if isinstance(entries, dict) else ()):
         root = entry.get("runc_root") if isinstance(entry, dict) else None
         if isinstance(root, str) and os.path.isabs(root) and \
-                split_name(name)[1] == store.root_key(root):
+                split_name(name)[1] == state_layout.root_key(root):
             roots[name] = root
     return roots
 
@@ -134,9 +134,9 @@ def runc_roots(state_dir: str) -> Dict[str, str]:
 def split_name(name: str) -> Tuple[str, str]:
     """(container id, root key) of a container dir's name; a name that is not a
     well-formed allocation name is all id."""
-    from ..lifecycle import store
+    from ..lifecycle import state_layout, store
     try:
-        return store.check_name(name)
+        return state_layout.check_name(name)
     except store.HamiError:
         return name, ""
 

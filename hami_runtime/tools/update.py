@@ -21,7 +21,7 @@ import click
 
 from .. import config as config_mod
 from ..errors import HamiError
-from ..lifecycle import allocator, container_files, resize, store
+from ..lifecycle import allocator, container_files, resize, state_layout, store
 from ..policies import CORE_POLICIES
 
 MIB = 1 << 20
@@ -77,7 +77,7 @@ def _write_live(state_dir: str, name: str, limits, after: dict) -> None:
     limits.update_live(mem_limits={i: d["mem_mib"] * MIB for i, d in enumerate(after["devices"])},
                        sm_limits={i: d["cores"] for i, d in enumerate(after["devices"])},
                        core_policy=after["core_policy"])
-    private = store.private_dir(state_dir, name)
+    private = state_layout.private_dir(state_dir, name)
     if os.path.isdir(private) and not os.path.islink(private):
         from ..files import atomic_write
         resized = {k: after[k] for k in ("devices", "core_policy", "priority")}
@@ -101,7 +101,7 @@ def update(cfg, cid: str, change: resize.Change, runc_root: str | None = None,
     limits = None
     try:
         with store.transaction(cfg.state_dir) as state:
-            wanted = store.alloc_name(runc_root, cid) if runc_root is not None else None
+            wanted = state_layout.alloc_name(runc_root, cid) if runc_root is not None else None
             name = resize.find(state.allocations, cid, wanted, state.invalid)
             before = state.allocations[name]
             limits = _open_limits(cfg.state_dir, name, before)

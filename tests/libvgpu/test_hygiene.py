@@ -1,11 +1,12 @@
 """What every process of a container lives with: exports, env mistakes, logging,
-dlsym(RTLD_NEXT) for other interposers, and no trace in programs that never use CUDA."""
+dlsym(RTLD_NEXT) for other interposers, no trace in programs that never use CUDA; and
+calls between its files that go one way."""
 import re
 import subprocess
 
 import pytest
 
-from tests.conftest import LIBVGPU, ROOT
+from tests.conftest import LIBVGPU, ROOT, cycles
 
 from .conftest import MIB
 
@@ -31,7 +32,7 @@ def test_every_hook_is_defined_through_hami_hook():
               for path in sorted((ROOT / "libvgpu_src").glob("*.c"))
               for line in path.read_text().splitlines()
               if "HAMI_EXPORT" in line and not line.lstrip().startswith(("/*", "*"))]
-    assert direct == ["symbols.c: HAMI_EXPORT void *dlsym(void *__restrict handle, "
+    assert direct == ["interpose.c: HAMI_EXPORT void *dlsym(void *__restrict handle, "
                       "const char *__restrict name)"]
 
 
@@ -97,3 +98,29 @@ def test_null_outputs_get_the_drivers_answer(probe):
     plain = probe.run("link", "nullsafe", preload=False).fields
     hooked = probe.run("link", "nullsafe", CUDA_DEVICE_MEMORY_LIMIT="1g").fields
     assert hooked == plain and all(rc != 0 for rc in hooked.values())
+
+
+def call_graph(objects):
+    """libvgpu's files, each to the files defining what it calls (from the object
+    files: its undefined symbols, resolved to the file that defines them)."""
+    defined, undefined = {}, {}
+    sources = sorted((ROOT / "libvgpu_src").glob("*.c"))
+    for source in sources:
+        obj = objects / f"{source.stem}.o"
+        subprocess.run(["gcc", "-O2", "-fPIC", "-std=gnu11", "-D_GNU_SOURCE", "-fvisibility=hidden",
+                        "-c", str(source), "-o", str(obj)], check=True, timeout=120)
+        for line in subprocess.run(["nm", str(obj)], capture_output=True, text=True,
+                                   check=True, timeout=30).stdout.splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[0] == "U":
+                undefined.setdefault(source.name, set()).add(fields[1])
+            elif len(fields) == 3 and fields[1].isupper():
+                defined.setdefault(fields[2], source.name)
+    return {s.name: {defined[u] for u in undefined.get(s.name, ()) if defined.get(u, s.name) != s.name}
+            for s in sources}
+
+
+def test_calls_between_files_go_one_way(tmp_path):
+    graph = call_graph(tmp_path)
+    assert "memory.c" in graph["cuda_memory.c"]  # it sees calls
+    assert cycles(graph) == []

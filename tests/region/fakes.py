@@ -3,14 +3,14 @@ container's files as the runtime does; scrapes the metrics without a server."""
 import mmap
 from contextlib import contextmanager
 
-from hami_runtime.lifecycle import container_files, store
+from hami_runtime.lifecycle import container_files, state_layout
 from hami_runtime.node import region
 
 
 def make_container(state_dir, name, devices, core_policy="default", priority=1,
                    priority_idle_ms=region.PRIORITY_IDLE_MS_DEFAULT):
     """A GPU container's dirs, limits and region, as a create makes them; the region's path."""
-    store.make_dirs(str(state_dir), name)
+    state_layout.make_dirs(str(state_dir), name)
     container_files.make(str(state_dir), name, devices, core_policy, priority, priority_idle_ms)
     return state_dir / "containers" / name / region.REGION_FILE_NAME
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hami_runtime.errors import HamiError
-from hami_runtime.lifecycle import boards, container_files, store
+from hami_runtime.lifecycle import boards, container_files, state_layout, store
 
 UUID_A = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"
 UUID_B = "GPU-da942c99-406e-4954-8dfc-5fec34eaffef"
@@ -22,7 +22,7 @@ NAME = f"box@{'0' * 16}"
 def state_dir(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
-    store.make_dirs(str(state), NAME)
+    state_layout.make_dirs(str(state), NAME)
     boards.make_stamps(str(state), NAME, [UUID_A, UUID_B])
     return state
 
@@ -131,7 +131,7 @@ def test_bad_names_never_reach_a_path(state_dir, name, uuids, priority):
 def test_release_and_sweep_leave_only_live_entries(state_dir):
     other, gone = f"other@{'1' * 16}", f"gone@{'2' * 16}"
     for name in (other, gone):
-        store.make_dirs(str(state_dir), name)
+        state_layout.make_dirs(str(state_dir), name)
         boards.make_stamps(str(state_dir), name, [UUID_A])
         boards.join(str(state_dir), name, [UUID_A])
     boards.join(str(state_dir), NAME, [UUID_A, UUID_B])
@@ -199,7 +199,7 @@ def test_idle_time_comes_from_the_node_config(node):
     node.write_config(priority_idle_ms=50)
     bundle = node.bundle("c", {"hami.io/gpumem": "1000", "hami.io/priority": "0"})
     assert node.create("c", bundle).returncode == 0
-    name = store.alloc_name(str(node.runc_root), "c")
+    name = state_layout.alloc_name(str(node.runc_root), "c")
     with container_files.open_limits(str(node.state_dir), name) as limits:
         assert limits.priority_idle_ms == 50
 

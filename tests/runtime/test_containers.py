@@ -165,7 +165,7 @@ def test_containers_starting_together_are_each_charged_their_own_context(node):
     once, not its neighbours' too (the driver's count names processes by host pid,
     which a container cannot see: the creations are serialised across containers,
     so each one sees only its own process appear)."""
-    from hami_runtime.lifecycle import container_files, store
+    from hami_runtime.lifecycle import container_files, state_layout
     node.simulate(context_us=200000)
     context = 300 << 20  # the simulated driver's context_mib
     context_at = time.monotonic_ns() + int(2e9)
@@ -177,7 +177,7 @@ def test_containers_starting_together_are_each_charged_their_own_context(node):
     while len(charged) < len(cids) and time.monotonic() < deadline:
         time.sleep(0.1)
         for cid in cids:
-            name = store.alloc_name(str(node.runc_root), cid)
+            name = state_layout.alloc_name(str(node.runc_root), cid)
             try:
                 with container_files.open_region(str(node.state_dir), name) as reg:
                     slots = reg.processes(1)

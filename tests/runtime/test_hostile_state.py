@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import store
+from hami_runtime.lifecycle import state_layout, store
 from hami_runtime.files import process_start
 
 from .node import RUNC, TIMEOUT
@@ -91,7 +91,7 @@ def forged(node, uuid, cid="forged", **device):
              "devices": [{"index": 0, "uuid": uuid, "mem_mib": 1000, "cores": 0, **device}],
              "core_policy": "default", "priority": 1, "pid": 0,
              "creator": {"pid": os.getpid(), "start": process_start(os.getpid())}}
-    return {store.alloc_name(str(node.runc_root), cid): entry}
+    return {state_layout.alloc_name(str(node.runc_root), cid): entry}
 
 
 def gpu_uuid(node, index=0):
@@ -134,7 +134,7 @@ def test_entry_larger_than_its_gpu_holds_the_gpu(node):
     assert doctor.returncode == 1 and "holds 1000000 MiB of GPU" in doctor.stdout
 
 
-@pytest.mark.parametrize("sub", store.SUBDIRS)
+@pytest.mark.parametrize("sub", state_layout.SUBDIRS)
 def test_symlinked_subdir_is_refused_and_nothing_outside_is_deleted(node, tmp_path, sub):
     outside = tmp_path / "outside"
     (outside / "victim").mkdir(parents=True)
@@ -172,7 +172,7 @@ def test_half_made_container_is_freed_at_the_next_transaction(tmp_path):
         (root / cid).mkdir(parents=True)
         if made:
             (root / cid / "state.json").write_text("{}")
-        entries[store.alloc_name(str(root), cid)] = {
+        entries[state_layout.alloc_name(str(root), cid)] = {
             "id": cid, "runc_root": str(root), "bundle": "/b", "core_policy": "default",
             "priority": 1, "pid": 0, "creator": {"pid": dead.pid, "start": 1},
             "devices": [{"index": 0, "uuid": "GPU-0", "mem_mib": 1, "cores": 0}]}
@@ -181,7 +181,7 @@ def test_half_made_container_is_freed_at_the_next_transaction(tmp_path):
     (state_dir / "allocations.json").write_text(json.dumps({"version": 2, "allocations": entries}))
     with store.transaction(str(state_dir)) as state:
         assert [e["id"] for e in state.allocations.values()] == ["made"]
-        assert [store.id_of(n) for n in state.freed] == ["half"]
+        assert [state_layout.id_of(n) for n in state.freed] == ["half"]
 
 
 def test_create_killed_inside_runc_is_freed_without_a_delete(node):
@@ -234,7 +234,7 @@ def test_state_from_before_runc_roots_is_taken_over(node):
     assert node.create("old", node.bundle("old", GPU)).returncode == 0
     [name] = node.state()["allocations"]
     entry = node.state()["allocations"][name]
-    for sub in store.SUBDIRS:
+    for sub in state_layout.SUBDIRS:
         (node.state_dir / sub / name).rename(node.state_dir / sub / "old")
     (node.state_dir / "allocations.json").write_text(json.dumps(
         {"version": 1, "allocations": {"old": entry}}))
@@ -249,7 +249,7 @@ def test_state_from_before_runc_roots_is_taken_over(node):
     assert list((node.state_dir / "private").iterdir()) == []
 
 
-@pytest.mark.parametrize("length", [store.MAX_ID + 1, 1000])
+@pytest.mark.parametrize("length", [state_layout.MAX_ID + 1, 1000])
 def test_an_id_too_long_to_name_the_state_is_refused_and_leaves_nothing(node, length):
     """runc takes ids its own state dir can hold; ours are named <id>@<root key>:
     such an id is refused before anything is written, and the node goes on."""
@@ -257,11 +257,11 @@ def test_an_id_too_long_to_name_the_state_is_refused_and_leaves_nothing(node, le
     proc = node.create(cid, node.bundle("long", GPU), log_format="json")
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "container id=" in proc.stderr \
-        and f"at most {store.MAX_ID}" in proc.stderr, proc.stderr
+        and f"at most {state_layout.MAX_ID}" in proc.stderr, proc.stderr
     logged = json.loads((node.tmp / "runc.log").read_text().splitlines()[-1])
-    assert logged["level"] == "error" and f"at most {store.MAX_ID}" in logged["msg"]
+    assert logged["level"] == "error" and f"at most {state_layout.MAX_ID}" in logged["msg"]
     assert node.allocations() == {} and cid not in node.containers()
-    assert all(not os.listdir(node.state_dir / sub) for sub in store.SUBDIRS
+    assert all(not os.listdir(node.state_dir / sub) for sub in state_layout.SUBDIRS
                if (node.state_dir / sub).exists())
     assert node.create("after", node.bundle("after", GPU)).returncode == 0
     for command in (("ps",), ("gpus",), ("doctor",)):
@@ -275,7 +275,7 @@ def test_an_entry_that_cannot_be_cleaned_never_blocks_a_create(node):
     answers, and other containers are created."""
     node.state_dir.mkdir()
     cid = "y" * 1000
-    long_name = f"{cid}@{store.root_key(str(node.runc_root))}"
+    long_name = f"{cid}@{state_layout.root_key(str(node.runc_root))}"
     entry = {"id": cid, "runc_root": str(node.runc_root), "bundle": "/nowhere",
              "devices": [{"index": 0, "uuid": "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65",
                           "mem_mib": 1000, "cores": 0}],

@@ -5,14 +5,14 @@ import subprocess
 
 import pytest
 
-from hami_runtime.lifecycle import store
+from hami_runtime.lifecycle import state_layout
 
 from .node import LAUNCHER, RUNC, TIMEOUT
 
 pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
 
 
-KEY = store.root_key("/run/runc")
+KEY = state_layout.root_key("/run/runc")
 NAME = f"c1@{KEY}"
 
 
@@ -38,7 +38,7 @@ def test_records_the_pid(tmp_path, stdin, pid):
     proc = hook(tmp_path, stdin)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert (tmp_path / "private" / NAME / "pid").read_text() == f"{pid}\n"
-    assert store.host_pid(str(tmp_path), NAME) == pid
+    assert state_layout.host_pid(str(tmp_path), NAME) == pid
     assert sorted(p.name for p in (tmp_path / "private" / NAME).iterdir()) == ["pid"]
 
 
@@ -106,7 +106,7 @@ def test_launcher_create_uses_the_c_hook(node):
         [create_hook] = hooks["createRuntime"]
         assert create_hook["args"] == [str(LAUNCHER.resolve()), "hami-hook", "--state-dir",
                                        str(node.state_dir), "--root-key",
-                                       store.root_key(str(node.runc_root)), "createRuntime"]
+                                       state_layout.root_key(str(node.runc_root)), "createRuntime"]
         assert create_hook["path"] == str(LAUNCHER.resolve()) and create_hook["env"]
         assert "poststop" not in hooks
         runc_state = json.loads(subprocess.run(

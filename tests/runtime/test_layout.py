@@ -1,10 +1,11 @@
 """The package's imports point one way: tools → create path (lifecycle) →
-node model → base; the entry (cli, __main__) may import any of them."""
+node model → base; the entry (cli, __main__) may import any of them; and no
+module imports itself back through others (imports inside functions count)."""
 import ast
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, cycles
 
 PACKAGE = ROOT / "hami_runtime"
 RANK = {"": 0, "node": 1, "lifecycle": 2, "tools": 3}
@@ -37,7 +38,7 @@ def imports(path):
         else:
             continue
         for target in targets:
-            if target.startswith("hami_runtime."):
+            if target.startswith(("hami_runtime.", "hami_hook.")):
                 yield target
 
 
@@ -56,3 +57,21 @@ def test_imports_point_one_way(path):
 
 def test_layers_are_the_ones_named():
     assert {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} == {"lifecycle", "node", "tools"}
+
+
+def test_no_module_imports_itself_back():
+    paths = [*MODULES, *sorted((ROOT / "hami_hook").rglob("*.py"))]
+    names = {module_name(p) for p in paths}
+    graph = {module_name(p): {t if t in names else t.rpartition(".")[0] for t in imports(p)} & names
+             - {module_name(p)} for p in paths}
+    assert "hami_runtime.lifecycle.store" in graph["hami_runtime.lifecycle.create"]  # it sees imports
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("graph,expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"a"}, "c": {"a"}}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}, [["a", "b", "c"]]),
+])
+def test_cycles_are_found(graph, expected):
+    assert cycles(graph) == expected

@@ -3,7 +3,7 @@ limits tell libvgpu to spill what the card cannot hold to managed memory, unless
 container opts out (hami.io/oversubscribe: "false"). The simulated cards hold 16384 MiB."""
 import pytest
 
-from hami_runtime.lifecycle import container_files, store
+from hami_runtime.lifecycle import container_files, state_layout, store
 
 from .node import CUDA_ALLOC
 
@@ -14,7 +14,7 @@ def grant(node, cid, annotations, scaling):
     node.write_config(memory_scaling=scaling)
     proc = node.create(cid, node.bundle(cid, annotations))
     assert proc.returncode == 0, proc.stderr
-    name = store.alloc_name(str(node.runc_root), cid)
+    name = state_layout.alloc_name(str(node.runc_root), cid)
     with container_files.open_limits(str(node.state_dir), name) as limits:
         devices = limits.devices
     return devices, node.allocations()[cid]
@@ -33,7 +33,7 @@ def test_region_spill_flag(node, scaling, annotations, spill, recorded):
     assert [d.spill for d in devices] == [spill]
     assert devices[0].mem_limit_bytes == int(next(iter(annotations.values()))) << 20
     assert entry["oversubscribe"] is recorded
-    assert store.entry_problem(store.alloc_name(str(node.runc_root), "o1"),
+    assert store.entry_problem(state_layout.alloc_name(str(node.runc_root), "o1"),
                                {**entry, "runc_root": str(node.runc_root), "bundle": "/b"}) == ""
 
 
@@ -43,7 +43,7 @@ def test_a_record_with_a_bad_oversubscribe_is_invalid(value):
              "priority": 1, "oversubscribe": value,
              "devices": [{"index": 0, "uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000",
                           "mem_mib": 10, "cores": 0}]}
-    assert store.entry_problem(store.alloc_name("/run/runc", "c"), entry) == \
+    assert store.entry_problem(state_layout.alloc_name("/run/runc", "c"), entry) == \
         f"oversubscribe={value!r} is not true or false"
 
 

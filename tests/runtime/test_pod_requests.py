@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from hami_runtime.errors import HamiError
-from hami_runtime.lifecycle import pod_ledger, pod_requests, store
+from hami_runtime.lifecycle import pod_ledger, pod_requests, state_layout, store
 from hami_runtime.lifecycle.pod_identity import PodMember, member
 from hami_runtime.lifecycle.request_keys import mentions_request
 
@@ -298,10 +298,10 @@ def test_bad_pod_records_are_set_apart_and_rebuilt_from_allocations():
              "devices": [{"index": 0, "uuid": UUID_A, "mem_mib": 1024, "cores": 0}],
              "core_policy": "default", "priority": 1, "pid": 0, "creator": {"pid": 5, "start": 9},
              "pod": {"sandbox": SANDBOX, "container": "app", "position": 2, "slice": "entry"}}
-    assert store.entry_problem(store.alloc_name(ROOT, "c1"), entry) == ""
+    assert store.entry_problem(state_layout.alloc_name(ROOT, "c1"), entry) == ""
     good, bad = pod_ledger.parse({KEY: broken(lambda v: v.update(complete=1))})
     assert good == {} and "complete=1" in bad[KEY]
-    pod_ledger.rebuild(good, {store.alloc_name(ROOT, "c1"): entry})
+    pod_ledger.rebuild(good, {state_layout.alloc_name(ROOT, "c1"): entry})
     assert good == {KEY: ledger(False, app={"position": 2, "id": "c1", "creator": {"pid": 5, "start": 9},
                                             "slice": "entry", "uuids": [UUID_A]})}
     assert pod_ledger.problem(KEY, good[KEY]) == ""
@@ -317,4 +317,4 @@ def test_bad_pod_records_are_set_apart_and_rebuilt_from_allocations():
 def test_an_allocation_with_a_bad_pod_is_invalid(pod, reason):
     entry = {"id": "c1", "runc_root": ROOT, "bundle": "/b", "pid": 0, "core_policy": "default",
              "priority": 1, "devices": [{"index": 0, "uuid": UUID_A, "mem_mib": 1, "cores": 0}], "pod": pod}
-    assert reason in store.entry_problem(store.alloc_name(ROOT, "c1"), entry)
+    assert reason in store.entry_problem(state_layout.alloc_name(ROOT, "c1"), entry)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from hami_runtime.lifecycle import container_files, store
+from hami_runtime.lifecycle import container_files, state_layout
 from tests.region.fakes import collect
 
 from .node import CUDA_ALLOC
@@ -87,7 +87,7 @@ def test_a_link_to_a_neighbours_region_is_never_followed(node):
     for cid in ("tenant", "neighbour"):
         bundle = tenant_bundle(node, cid, SLICE, "sleep 60")
         assert node.runtime("run", "--detach", "--bundle", str(bundle), cid).returncode == 0
-    tenant, neighbour = (store.alloc_name(str(node.runc_root), cid) for cid in ("tenant", "neighbour"))
+    tenant, neighbour = (state_layout.alloc_name(str(node.runc_root), cid) for cid in ("tenant", "neighbour"))
     theirs = node.state_dir / "containers" / neighbour / "vgpu.region"
     before = theirs.read_bytes()
     plant = node.runtime("exec", "tenant", "sh", "-c", f"rm {REGION} && ln -s {theirs} {REGION}")

@@ -3,7 +3,7 @@ and priority it was created with, and one id under two runc roots is two
 containers, each with its own root."""
 import json
 
-from hami_runtime.lifecycle.store import root_key
+from hami_runtime.lifecycle.state_layout import root_key
 
 from .node import RUNTIME
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import container_files, store
+from hami_runtime.lifecycle import container_files, state_layout, store
 from hami_runtime.node import region
 
 from .node import TIMEOUT
@@ -33,13 +33,13 @@ def seed(node, cid, devices, root=None, policy="default", priority=1):
     os.makedirs(os.path.join(root, cid), exist_ok=True)
     with open(os.path.join(root, cid, "state.json"), "w") as f:
         f.write("{}")
-    name = store.alloc_name(root, cid)
+    name = state_layout.alloc_name(root, cid)
     entry = {"id": cid, "runc_root": root, "bundle": f"/bundles/{cid}",
              "devices": [{"index": i, "uuid": u, "mem_mib": m, "cores": c} for i, u, m, c in devices],
              "core_policy": policy, "priority": priority, "pid": 0}
     with store.transaction(str(node.state_dir)) as state:
         state.allocations[name] = entry
-        store.make_dirs(str(node.state_dir), name)
+        state_layout.make_dirs(str(node.state_dir), name)
     container_files.make(str(node.state_dir), name, [region.DeviceLimit(u, m * MIB, c) for _, u, m, c in devices],
                          policy, priority, region.PRIORITY_IDLE_MS_DEFAULT)
     return name

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import store
+from hami_runtime.lifecycle import state_layout
 from hami_runtime.node import region
 
 from .node import CUDA_ALLOC
@@ -14,7 +14,7 @@ MIB = 1 << 20
 
 
 def held_mib(node, cid):
-    name = store.alloc_name(str(node.runc_root), cid)
+    name = state_layout.alloc_name(str(node.runc_root), cid)
     with region.Region(node.state_dir / "containers" / name / region.REGION_FILE_NAME) as reg:
         return reg.used_bytes(0) / MIB
 
