@@ -76,13 +76,14 @@ def lookup(state_dir: str, key: list):
 
 
 def store(state_dir: str, key: list, values: dict) -> None:
-    """Keep the values for this key, in a state dir that already exists."""
+    """Keep the values for this key (making the state dir the config names, as
+    the first GPU container would)."""
     try:
         data = json.dumps({"version": VERSION, "key": key, "state_dir": state_dir,
                            "values": values}, allow_nan=False).encode()
     except (TypeError, ValueError):  # not JSON (nan): not kept
         return
-    if len(data) > LIMIT or not os.path.isdir(state_dir):
+    if len(data) > LIMIT:
         return
     try:
         os.makedirs(os.path.join(state_dir, CACHE_DIR), mode=0o755, exist_ok=True)

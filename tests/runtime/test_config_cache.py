@@ -48,11 +48,14 @@ def test_a_file_written_just_now_is_not_kept(tmp_path):
     assert not (state / "cache").exists()
 
 
-def test_a_state_dir_that_does_not_exist_is_not_made(tmp_path, settled):
+def test_the_state_dir_is_made_for_the_cache(tmp_path, settled):
+    """Before the first GPU container makes it (after a boot: /run is a tmpfs), so
+    that creates without a request need not validate the config each time."""
     path = tmp_path / "hami.toml"
     path.write_text(f'state_dir = "{tmp_path / "absent"}"\n')
     config.load(str(path))
-    assert not (tmp_path / "absent").exists()
+    assert sorted(p.name for p in (tmp_path / "absent").iterdir()) == ["cache"]
+    assert (tmp_path / "absent").stat().st_mode & 0o777 == 0o755
 
 
 @pytest.mark.parametrize("body", ["split_count = 0\n", "policy = \"fastest\"\n", "nope = 1\n"])
