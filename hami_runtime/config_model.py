@@ -78,14 +78,18 @@ class NodeConfig(Strict):
     proc_devices: AbsolutePath = Field("/proc/devices", description="device majors")
     nvml_library: AbsolutePathOrEmpty = Field("", description="an explicit libnvidia-ml.so.1; empty: the loader's")
     env_requests: bool = Field(True, description="accept env requests (NVIDIA_VISIBLE_DEVICES, HAMI_GPUMEM, ...)")
+    visible_devices_alone: Literal["slice", "whole", "none"] = Field(
+        "slice", description="what NVIDIA_VISIBLE_DEVICES with no size (a stock CUDA image, docker "
+        "--gpus) gets on each GPU: the default slice (default_memory_mib, or 1/split_count of the card), "
+        "whole cards, or no GPU")
     log_file: AbsolutePathOrEmpty = Field("", description="the runtime's own log; empty: none")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     extra_env: dict[EnvName, str] = Field(default_factory=dict, description="env set in every GPU container")
     extra_mounts: list[ExtraMount] = Field(default_factory=list,
                                            description="bind mounts into every GPU container")
-    hook_command: Annotated[list[str], Field(min_length=1)] = Field(
-        default_factory=lambda: [sys.executable, "-m", "hami_hook"],
-        description="argv of the OCI hook, absolute path first; default: this Python, -m hami_hook")
+    hook_command: list[str] = Field(
+        default_factory=list, description="argv of the OCI hook, absolute path first; empty: the "
+        "launcher's own createRuntime hook, and this Python's hami_hook")
 
     @field_validator("runtime")
     @classmethod
@@ -95,6 +99,8 @@ class NodeConfig(Strict):
     @field_validator("hook_command")
     @classmethod
     def _absolute_program(cls, value):
+        if not value:
+            raise ValueError("must be a non-empty list of strings")
         _absolute(value[0])
         return value
 

@@ -18,6 +18,8 @@ every installed file names PREFIX, so a DESTDIR tree works once copied there):
   lib/hami/libvgpu.so
   bin/hami-runtime        a link to the launcher
   bin/hamictl, bin/hami-hook   the environment's entry points, run with -I
+  bin/nvidia-container-runtime-hook  packaging/bin's, for `docker run --gpus`,
+                          where no program of that name is on PATH (not in a .deb)
   SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there
 
 A re-install builds the new environment beside the old one and swaps them, and
@@ -39,10 +41,12 @@ ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "packaging" / "requirements.txt"
 BUILD_REQUIREMENTS = ROOT / "packaging" / "build-requirements.txt"
 CONFIG_EXAMPLE = ROOT / "examples" / "config.toml"
+# dockerd offers `docker run --gpus` only with a program of this name on its PATH
+DOCKER_GPU_HOOK = ROOT / "packaging" / "bin" / "nvidia-container-runtime-hook"
 REGION_HEADER = ROOT / "libvgpu_src" / "region.h"
 PACKAGE_SOURCES = ("pyproject.toml", "hami_runtime", "hami_hook")
 ENTRY_POINTS = ("hamictl", "hami-hook")  # bin/hami-runtime is the launcher
-BIN_ENTRIES = ("hami-runtime",) + ENTRY_POINTS
+BIN_ENTRIES = ("hami-runtime",) + ENTRY_POINTS + (DOCKER_GPU_HOOK.name,)
 LIB_ENTRIES = ("venv", "hami-runtime", "libvgpu.so")  # under <prefix>/lib/hami
 LAUNCHER_LINK = "../lib/hami/hami-runtime"  # bin/hami-runtime, relative: DESTDIR trees work
 # paths end up in C string literals, a Python literal and sed-free rewrites: keep them plain
@@ -64,7 +68,7 @@ def run(argv, **kw):
 class Layout:
     """Where each installed file lives (final paths) and where it is written."""
 
-    def __init__(self, prefix, destdir="", sysconfdir="/etc"):
+    def __init__(self, prefix, destdir="", sysconfdir="/etc", packaging=False):
         for field, value in (("PREFIX", prefix), ("SYSCONFDIR", sysconfdir), ("DESTDIR", destdir)):
             if not (field == "DESTDIR" and value == "") and not SAFE_PATH.fullmatch(value):
                 raise InstallError(field, value, "must be an absolute path of letters, digits and ._+@/-")
@@ -76,6 +80,7 @@ class Layout:
         self.libvgpu = f"{self.lib}/libvgpu.so"
         self.bin = f"{self.prefix}/bin"
         self.config = f"{os.path.normpath(sysconfdir)}/hami/config.toml"
+        self.packaging = packaging  # files for a .deb, not for this machine
 
     def staged(self, path) -> Path:
         """Where a file of the final path is written."""
@@ -245,6 +250,7 @@ def install(layout: Layout, interp: Interpreter, cc: str, build: Path) -> None:
     replace(bin_dir / "hami-runtime", lambda p: p.symlink_to(LAUNCHER_LINK))
     for name in ENTRY_POINTS:
         replace(bin_dir / name, lambda p, n=name: p.write_text(layout.entry_point(n)), 0o755)
+    install_docker_gpu_hook(layout, bin_dir / DOCKER_GPU_HOOK.name)
     config = layout.staged(layout.config)
     if config.exists():
         print(f"install: kept {layout.config} (an existing config is never replaced)")
@@ -254,11 +260,25 @@ def install(layout: Layout, interp: Interpreter, cc: str, build: Path) -> None:
           f"({interp.path}); engines run {layout.bin}/hami-runtime")
 
 
+def install_docker_gpu_hook(layout: Layout, target: Path) -> None:
+    """Ours, where no other program of its name is on PATH (NVIDIA's toolkit
+    installs one: dockerd then runs NVIDIA's, whose hook hami-runtime removes
+    the same way), and never in a package (it would clash with NVIDIA's)."""
+    found = shutil.which(DOCKER_GPU_HOOK.name)
+    if found and Path(found).resolve() != target.resolve() or layout.packaging:
+        print(f"install: left out {layout.bin}/{DOCKER_GPU_HOOK.name}"
+              + (f": {found} is on PATH" if found and not layout.packaging else " (a package)"))
+        return
+    replace(target, lambda p: shutil.copyfile(DOCKER_GPU_HOOK, p), 0o755)
+
+
 def ours(layout: Layout, path: Path) -> bool:
     """A bin entry that make install wrote for this layout."""
     if path.name == "hami-runtime":
         return path.is_symlink() and os.readlink(path) == LAUNCHER_LINK
     try:
+        if path.name == DOCKER_GPU_HOOK.name:
+            return path.read_bytes() == DOCKER_GPU_HOOK.read_bytes()
         return path.read_text() == layout.entry_point(path.name)
     except (OSError, UnicodeDecodeError):
         return False
@@ -323,7 +343,7 @@ def deb(interp: Interpreter, cc: str, build: Path, out_dir: Path, maintainer: st
                            "interpreter (/usr/bin/python3.X), which it depends on")
     root = build / "deb" / "root"
     shutil.rmtree(root.parent, ignore_errors=True)
-    layout = Layout("/usr", str(root), "/etc")
+    layout = Layout("/usr", str(root), "/etc", packaging=True)
     install(layout, interp, cc, build)
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
                           check=True).stdout.strip()

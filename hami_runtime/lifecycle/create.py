@@ -12,13 +12,14 @@ import json
 import os
 import stat
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import log
 from ..config import Config
 from ..errors import HamiError
 from ..ids import check_container_id
-from . import spec as spec_io
+from . import docker_gpus, spec as spec_io
 from .request_keys import mentions_request
 
 if TYPE_CHECKING:
@@ -213,27 +214,47 @@ def _holds_and_runs(state, runc_root: str):
 
 def prepare(cfg: Config, inv, launcher=None) -> bool:
     """True when the spec was edited for a GPU request; False when it had none
-    and stays byte for byte as it came. `launcher`: the C launcher that started
-    this process, if any."""
+    and stays byte for byte as it came (but for dockerd's GPU hook, which never
+    stays). `launcher`: the C launcher that started this process, if any."""
     cid = check_container_id(inv.container_id)
+    spec = spec_io.load(inv.bundle)
+    gpu_hooks = docker_gpus.gpu_hooks(spec)
+    if gpu_hooks and not cfg.env_requests:
+        raise HamiError("docker --gpus", " ".join(gpu_hooks[0].get("args") or []),
+                        "this node takes no env requests (config env_requests = false)")
+    if _prepare(cfg, cid, inv, spec, launcher):
+        return True
+    if gpu_hooks:
+        spec_io.write(inv.bundle, docker_gpus.without_gpu_hooks(spec))
+        log.write(cfg, "info", f"{cid}: dockerd's GPU hook removed: the container gets no GPU")
+    return False
+
+
+def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
     bundle = inv.bundle
-    spec = spec_io.load(bundle)
     annotations = spec.get("annotations") or {}
     env = (spec.get("process") or {}).get("env") or []
     if not mentions_request(annotations, env, cfg.env_requests):
         return _passed_through(cfg, cid, annotations, env)
     # Only now the request model, NVML and the allocator are loaded.
-    from . import pod_identity, pod_requests
+    from . import pod_identity, pod_requests, requests
     from ..node import discovery_cache
     member = pod_identity.member(annotations)
     plan = pod_requests.plan(annotations, env, cfg.env_requests, cfg.core_policy, member)
     who = f"{cid} ({member.describe()})" if member is not None else cid
     if plan.kind == pod_requests.UNTOUCHED:
         return _passed_through(cfg, who, annotations, env, plan.why)
+    if plan.kind == pod_requests.ALONE:
+        request = requests.for_visible_devices_alone(plan.request, cfg.visible_devices_alone,
+                                                     cfg.split_count, cfg.default_memory_mib)
+        if plan.request is not None and request is None:
+            return _passed_through(cfg, who, annotations, env, "NVIDIA_VISIBLE_DEVICES names no "
+                                   "size, and the node's visible_devices_alone is none")
+        plan = replace(plan, request=request)
     if plan.kind in (pod_requests.ALONE, pod_requests.NAMED) and plan.request is None:
         return _passed_through(cfg, who, annotations, env)
     import time
-    from . import modifiers, state_layout, store
+    from . import modifiers, requirements, state_layout, store
     from ..files import process_start
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
@@ -266,6 +287,10 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
                     raise
                 refusal = exc  # the pod's record of this container is kept all the same
         if request is not None and refusal is None:
+            granted = [next(gpu for gpu in gpus if gpu.uuid == g.uuid) for g in grants]
+            requirements.check(requests.env_map(env), requirements.NodeFacts(
+                cuda=granted[0].cuda, driver=granted[0].driver,
+                gpus=[{"arch": gpu.arch, "brand": gpu.brand} for gpu in granted]))
             if placed is not None:
                 placed.ledger["containers"][member.name]["uuids"] = [g.uuid for g in grants]
                 how += ", on the GPUs it had before its restart" if again else ""

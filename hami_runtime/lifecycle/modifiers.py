@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+
+from .docker_gpus import without_gpu_hooks
 from typing import NamedTuple
 
 # Where libvgpu looks (libvgpu_src/region.h: HAMI_LIMITS_PATH, HAMI_RUNTIME_*; a
@@ -146,7 +148,8 @@ def mark_allocation(spec: dict, inj: Injection) -> dict:
 
 
 MODIFIERS: tuple[Callable[[dict, Injection], dict], ...] = (
-    add_device_nodes, allow_device_access, add_mounts, set_env, add_hooks, mark_allocation)
+    add_device_nodes, allow_device_access, add_mounts, set_env, add_hooks, without_gpu_hooks,
+    mark_allocation)
 
 
 def apply(spec: dict, inj: Injection, modifiers=MODIFIERS) -> dict:

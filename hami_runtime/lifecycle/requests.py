@@ -246,10 +246,12 @@ def from_annotations(annotations: dict[str, str], core_policy: str = "default",
 
 
 def env_map(env: Iterable[str]) -> dict[str, str]:
+    """The env as NVIDIA's runtime reads it: of a name given twice, the last
+    (dockerd appends --gpus's NVIDIA_VISIBLE_DEVICES after the image's)."""
     result: dict[str, str] = {}
     for item in env or ():
         name, eq, value = item.partition("=")
-        if eq and name not in result:
+        if eq:
             result[name] = value
     return result
 
@@ -300,6 +302,22 @@ def from_env(env: dict[str, str], core_policy: str = "default") -> GpuRequest | 
     if "HAMI_GPUCORES" in env:
         args["cores"] = number("HAMI_GPUCORES", env["HAMI_GPUCORES"], 0, 100)
     return GpuRequest(**args)
+
+
+def for_visible_devices_alone(request: GpuRequest | None, policy: str, split_count: int,
+                              default_memory_mib: int) -> GpuRequest | None:
+    """What an env request that names GPUs and no size gets (a stock CUDA image's
+    NVIDIA_VISIBLE_DEVICES=all, `docker run --gpus`): the node's
+    visible_devices_alone says. `slice`: the node's default size, or where that
+    is the whole card a split_count-th of it; `whole`: whole cards; `none`: no
+    GPU (None). Any other request as it is."""
+    if request is None or request.source != "env" or any(k in request.keys for k in ENV_KEYS):
+        return request
+    if policy == "none":
+        return None
+    if policy == "whole" or default_memory_mib:
+        return request
+    return replace(request, mem_percentage=max(1, 100 // split_count))
 
 
 def parse(annotations: dict[str, str], env: Iterable[str], env_requests: bool = True,

@@ -36,6 +36,8 @@ def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
     except pynvml.NVMLError as exc:
         raise HamiError("NVML", nvml_library or "libnvidia-ml.so.1", f"init failed: {exc}") from None
     try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()
         gpus = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -46,7 +48,11 @@ def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
                 uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
                 model=name.decode() if isinstance(name, bytes) else name,
                 memory_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20),
-                minor=pynvml.nvmlDeviceGetMinorNumber(handle)))
+                minor=pynvml.nvmlDeviceGetMinorNumber(handle),
+                arch="%d.%d" % pynvml.nvmlDeviceGetCudaComputeCapability(handle),
+                brand=brand_name(pynvml.nvmlDeviceGetBrand(handle)),
+                driver=driver.decode() if isinstance(driver, bytes) else driver,
+                cuda=f"{cuda // 1000}.{cuda % 1000 // 10}"))
         return gpus
     except pynvml.NVMLError as exc:
         raise HamiError("NVML", nvml_library or "libnvidia-ml.so.1", f"query failed: {exc}") from None
@@ -55,6 +61,19 @@ def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+
+
+def brand_name(brand: int) -> str:
+    """NVML's brand as NVIDIA_REQUIRE_BRAND names it: NVML_BRAND_TESLA "tesla",
+    NVML_BRAND_NVIDIA_RTX "nvidiartx", NVML_BRAND_NVIDIA_VWS "vws"."""
+    import pynvml
+    for constant in sorted(n for n in dir(pynvml) if n.startswith("NVML_BRAND_")):
+        if getattr(pynvml, constant) == brand and constant != "NVML_BRAND_COUNT":
+            name = constant[len("NVML_BRAND_"):]
+            if name.startswith("NVIDIA_") and name != "NVIDIA_RTX":
+                name = name[len("NVIDIA_"):]
+            return name.replace("_", "").lower()
+    return "unknown"
 
 
 def parse_proc_devices(text: str) -> dict[str, int]:

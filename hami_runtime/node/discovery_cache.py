@@ -24,11 +24,11 @@ from .gpu import GpuInfo
 CACHE_DIR = "cache"
 GPUS_FILE = "gpus.json"
 DRIVER_FILES_FILE = "driver-files.json"
-VERSION = 1
+VERSION = 2
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 HOST_LD_CACHE = "/etc/ld.so.cache"
 KERNEL_GPUS = "/proc/driver/nvidia/gpus"
-GPU_FIELDS = ("index", "uuid", "model", "memory_mib", "minor")
+GPU_FIELDS = GpuInfo._fields
 STALE_TEMP_S = 60
 MAX_ENTRY_BYTES = 4 << 20
 
@@ -155,7 +155,7 @@ def _gpus_from(value) -> list[GpuInfo] | None:
     for item in value:
         if not isinstance(item, dict) or set(item) != set(GPU_FIELDS):
             return None
-        if not (isinstance(item["uuid"], str) and isinstance(item["model"], str)
+        if not (all(isinstance(item[k], str) for k in ("uuid", "model", "arch", "brand", "driver", "cuda"))
                 and all(type(item[k]) is int for k in ("index", "memory_mib", "minor"))):
             return None
         gpus.append(GpuInfo(**item))

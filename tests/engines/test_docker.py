@@ -1,6 +1,7 @@
 """dockerd with examples/docker/daemon.json (install path aside): dockerd hands
 no annotations to a runtime, so the request is in the env; and docker-compose
 (through pytest-docker) runs examples/docker/docker-compose.yml as it is."""
+import os
 import re
 
 import pytest
@@ -31,10 +32,13 @@ def docker(engines_installed, hami, probe_image, tmp_path_factory):
     root = tmp_path_factory.mktemp("docker")
     config = hami.render("docker/daemon.json", root / "daemon.json")
     socket = root / "docker.sock"
+    # make install's nvidia-container-runtime-hook on dockerd's PATH: --gpus is offered
+    path = f"{ROOT / 'packaging' / 'bin'}:{os.environ['PATH']}"
     daemon = Daemon("dockerd", root, [
         dockerd, "--config-file", config, "--data-root", root / "data", "--exec-root",
         root / "exec", "--pidfile", root / "docker.pid", "--host", f"unix://{socket}",
-        "--bridge", "none", "--iptables=false", "--ip-masq=false", "--ip6tables=false"])
+        "--bridge", "none", "--iptables=false", "--ip-masq=false", "--ip6tables=false"],
+        env={**os.environ, "PATH": path})
     engine = Docker(socket)
     daemon.start(lambda: socket.exists() and engine("version", timeout=10).returncode == 0,
                  timeout=90)
@@ -94,4 +98,40 @@ def test_compose_example_through_pytest_docker(docker, hami):
     assert "total 1024 MiB" in logs
     assert re.search(r"allocated \d+ MiB; the next 1 MiB was refused: CUDA_ERROR_OUT_OF_MEMORY",
                      logs), logs
+    hami.assert_nothing_allocated()
+
+
+@pytest.mark.parametrize("gpus,env,devices", [
+    ("all", [], [(0, 1638), (1, 1638)]),                    # no size: the node's default slice
+    ("1", ["-e", "HAMI_GPUMEM=1024"], [(0, 1024)]),
+    ('"device=1"', ["-e", "HAMI_GPUMEM=2048", "-e", "HAMI_GPUCORES=30"], [(1, 2048)]),
+    ("all,capabilities=utility", ["-e", "HAMI_GPUMEM=1024"], [(0, 1024), (1, 1024)]),
+], ids=["all", "count", "device", "capabilities"])
+def test_gpus_flag_is_served_by_the_runtime(docker, hami, gpus, env, devices):
+    """dockerd writes --gpus as NVIDIA_VISIBLE_DEVICES (and NVIDIA_DRIVER_CAPABILITIES)
+    and a prestart hook; the runtime serves the request and removes the hook (ours
+    would refuse the container if it ran)."""
+    result = docker.gpu_run("-d", "--gpus", gpus, *env, IMAGE, "sleep", "60")
+    assert result.returncode == 0, result.stderr
+    cid = result.stdout.strip()
+    try:
+        assert [(d["index"], d["mem_mib"]) for d in hami.allocations()[cid]["devices"]] == devices
+        # the container's own env (docker exec's is docker's, not the spec's)
+        seen = docker("exec", cid, "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ", check=True).stdout
+        assert f"CUDA_DEVICE_MEMORY_LIMIT_0={devices[0][1]}m" in seen
+        if "capabilities" in gpus:
+            assert "NVIDIA_DRIVER_CAPABILITIES=utility" in seen
+    finally:
+        docker("rm", "--force", cid, check=True)
+    wait_for(lambda: hami.allocations() == {}, 10, "the allocation to be released")
+    hami.assert_nothing_allocated()
+
+
+def test_gpus_flag_under_runc_is_refused_by_our_hook(docker, hami):
+    """Without --runtime hami, runc runs the hook dockerd wrote: ours refuses the
+    container instead of letting it start without its GPUs."""
+    result = docker("run", "--rm", "--network", "none", "--gpus", "all", IMAGE, "true")
+    assert result.returncode != 0
+    assert "this node's GPUs are served by hami-runtime: run the container with --runtime hami" \
+        in result.stderr, result.stderr
     hami.assert_nothing_allocated()

@@ -228,6 +228,16 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
+{
+    REQUIRE_DEVICE(device, idx);
+    (void)idx;
+    if (!type)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *type = sim_config()->brand;
+    return NVML_SUCCESS;
+}
+
 static void memory_of(int idx, uint64_t *total, uint64_t *used)
 {
     *total = sim_config()->memory_mib * SIM_MIB;

@@ -54,6 +54,7 @@ struct sim_config {
     uint64_t context_us;                 /* how long making a context takes (its memory is taken first) */
     int self_calls;                      /* 1: entry points call each other through their exported names */
     uint64_t host_memory_mib;            /* host memory managed allocations may take, machine-wide */
+    int brand;                           /* nvmlDeviceGetBrand's nvmlBrandType_t */
 };
 /* The configuration, read once; NULL (after one stderr line) when it is bad. */
 const struct sim_config *sim_config(void);

@@ -55,7 +55,8 @@ static int copy_text(const char *text, char *out, size_t size)
     X(kernel_us, 0, 60000000)                                                                       \
     X(context_us, 0, 60000000)                                                                      \
     X(self_calls, 0, 1)                                                                             \
-    X(host_memory_mib, 0, 1ULL << 30)
+    X(host_memory_mib, 0, 1ULL << 30)                                                               \
+    X(brand, 0, 16)
 #define SIM_TEXT_KEYS(X) X(name) X(driver_version)
 
 /* One key: 0 on success, -1 bad value, -2 unknown key. */
@@ -149,7 +150,7 @@ static void load(void)
     struct sim_config c = {
         .devices = 2, .memory_mib = 16384, .sms = 132, .name = "HAMi Simulated GPU",
         .context_mib = 300, .driver_version = "550.54.15", .cuda_version = 12040,
-        .stale_seconds = 10, .kernel_us = 10, .host_memory_mib = 65536,
+        .stale_seconds = 10, .kernel_us = 10, .host_memory_mib = 65536, .brand = 14,
     };
     const char *path = getenv("HAMI_SIM_CONFIG");
     if (path && *path && load_file(path, &c))
