@@ -3,7 +3,6 @@ in, grants out (or a refusal naming the request)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import HamiError
@@ -27,8 +26,7 @@ class Capacity(NamedTuple):
     cores: int = 100
 
 
-@dataclass
-class Usage:
+class Usage(NamedTuple):
     slots: int = 0
     mem_mib: int = 0
     cores: int = 0
@@ -43,10 +41,9 @@ def usage(entries: Iterable[Mapping]) -> dict[str, Usage]:
     used: dict[str, Usage] = {}
     for entry in entries:
         for device in entry.get("devices", ()):
-            u = used.setdefault(device["uuid"], Usage())
-            u.slots += 1
-            u.mem_mib += int(device["mem_mib"])
-            u.cores += int(device["cores"])
+            u = used.get(device["uuid"], Usage())
+            used[device["uuid"]] = Usage(u.slots + 1, u.mem_mib + int(device["mem_mib"]),
+                                         u.cores + int(device["cores"]))
     return used
 
 

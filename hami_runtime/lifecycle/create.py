@@ -7,12 +7,10 @@ GPU request are imported where they are used.
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import stat
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import log
@@ -250,7 +248,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
         if plan.request is not None and request is None:
             return _passed_through(cfg, who, annotations, env, "NVIDIA_VISIBLE_DEVICES names no "
                                    "size, and the node's visible_devices_alone is none")
-        plan = replace(plan, request=request)
+        plan = plan._replace(request=request)
     if plan.kind in (pod_requests.ALONE, pod_requests.NAMED) and plan.request is None:
         return _passed_through(cfg, who, annotations, env)
     import time
@@ -317,7 +315,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
     # is freed by the release below or by the next transaction.
     try:
         _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
-        edited = modifiers.apply(copy.deepcopy(spec), build_injection(
+        edited = modifiers.apply(json.loads(json.dumps(spec)), build_injection(
             cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher))
         spec_io.write(bundle, edited)
     except BaseException:

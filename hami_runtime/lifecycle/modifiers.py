@@ -7,11 +7,11 @@ already edited spec converges.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import NamedTuple
 
 from .docker_gpus import without_gpu_hooks
-from typing import NamedTuple
 
 # Where libvgpu looks (libvgpu_src/region.h: HAMI_LIMITS_PATH, HAMI_RUNTIME_*; a
 # test checks that they agree).
@@ -40,20 +40,16 @@ class Mount(NamedTuple):
     options: tuple[str, ...]
 
 
-@dataclass
-class Injection:
-    """Everything the modifiers put into a spec, decided before editing."""
-    devices: list = field(default_factory=list)       # DeviceNode
-    mounts: list = field(default_factory=list)        # Mount: driver files, libvgpu, region, extras
-    env: dict = field(default_factory=dict)
-    library_dirs: list = field(default_factory=list)  # appended to LD_LIBRARY_PATH
-    hook_argv: list = field(default_factory=list)     # [path, args...]; poststop/createRuntime appended
-    hook_env: list = field(default_factory=list)
-    create_hook_argv: list = field(default_factory=list)  # createRuntime's own (the launcher's C hook); []: hook_argv
+class Injection(NamedTuple):
+    """Everything the modifiers put into a spec, decided before editing (read only)."""
+    devices: Sequence[DeviceNode] = ()
+    mounts: Sequence[Mount] = ()          # driver files, libvgpu, region, extras
+    env: Mapping[str, str] = MappingProxyType({})
+    library_dirs: Sequence[str] = ()      # appended to LD_LIBRARY_PATH
+    hook_argv: Sequence[str] = ()         # [path, args...]; poststop/createRuntime appended
+    hook_env: Sequence[str] = ()
+    create_hook_argv: Sequence[str] = ()  # createRuntime's own (the launcher's C hook); (): hook_argv
     marker: object = None
-
-    def replace(self, **changes) -> Injection:
-        return replace(self, **changes)
 
 
 def device_nodes(minors: Sequence[int], majors: dict[str, int]) -> list[DeviceNode]:
@@ -126,9 +122,10 @@ def add_hooks(spec: dict, inj: Injection) -> dict:
     if not inj.hook_argv:
         return spec
     hooks = spec.setdefault("hooks", {})
-    ours = [argv for argv in (inj.hook_argv, inj.create_hook_argv) if argv]
+    ours = [list(argv) for argv in (inj.hook_argv, inj.create_hook_argv) if argv]
     for stage in ("createRuntime", "poststop"):
-        argv = inj.create_hook_argv if stage == "createRuntime" and inj.create_hook_argv else inj.hook_argv
+        argv = list(inj.create_hook_argv if stage == "createRuntime" and inj.create_hook_argv
+                    else inj.hook_argv)
         kept = [h for h in hooks.get(stage) or []
                 if not any((h.get("args") or [])[:len(mine)] == mine for mine in ours)]
         if stage == "createRuntime" or not inj.create_hook_argv:

@@ -26,8 +26,7 @@ A spec outside a pod is as it always was (requests.parse).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import HamiError
 from ..names import dns_label
@@ -46,8 +45,7 @@ POD = "pod"              # the pod's one slice: it gets it unless another contai
 ORDER = "order"          # HAMi's decision by the order the pod's containers were created
 
 
-@dataclass
-class Naming:
+class Naming(NamedTuple):
     """Which containers the pod names: `listed` (hami.io/containers, in its order;
     None when absent) and `own` (container name -> one of its own keys)."""
     listed: tuple | None
@@ -95,8 +93,7 @@ def naming(annotations: dict[str, str], found: dict[str, tuple[str, str]]) -> Na
     return Naming(listed, list_key, list_value, own)
 
 
-@dataclass
-class Plan:
+class Plan(NamedTuple):
     """What a container gets, as far as its spec alone tells: `kind` (above),
     `request` (a GpuRequest or None), `why` (for the log line), and for ORDER the
     decision's `entries` and `entry_request(k)`, the request for entry k."""
@@ -105,9 +102,9 @@ class Plan:
     why: str = ""
     entries: Sequence = ()
     decision: tuple[str, str] | None = None  # (key, value) of the scheduler's decision, if any
-    annotations: dict | None = field(default=None, repr=False)
-    core_policy: str = field(default="default", repr=False)
-    container: str | None = field(default=None, repr=False)
+    annotations: dict | None = None
+    core_policy: str = "default"
+    container: str | None = None
 
     def entry_request(self, k: int):
         return requests.from_annotations(self.annotations, self.core_policy, self.container, k)

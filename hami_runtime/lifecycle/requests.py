@@ -3,8 +3,8 @@ annotations) its env. Pure: strings in, a validated model out, or a refusal
 that names the key and the value."""
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 from ..errors import HamiError
@@ -30,10 +30,9 @@ def _bounded(name: str, value, low: int, high: int, optional: bool = True):
     return value
 
 
-@dataclass(frozen=True)
-class GpuRequest:
-    """A validated request (read-only): every value is checked where it is
-    parsed, and again here."""
+class GpuRequest(NamedTuple):
+    """A validated request (read-only; made by `request`, which checks every
+    value again after the parser has)."""
     source: str                      # "annotations" or "env"
     count: int | None = 1            # None: every GPU
     mem_mib: int | None = None
@@ -48,24 +47,7 @@ class GpuRequest:
     priority: int = 1
     oversubscribe: bool = True       # False: never spill to host memory
     assigned: tuple = ()
-    keys: dict = field(default_factory=dict)  # the request as written
-    __hash__ = None
-
-    def __post_init__(self):
-        if self.source not in ("annotations", "env"):
-            raise ValueError(f"GpuRequest source={self.source!r}")
-        if self.core_policy not in CORE_POLICIES:
-            raise ValueError(f"GpuRequest core_policy={self.core_policy!r}")
-        if not isinstance(self.oversubscribe, bool):
-            raise ValueError(f"GpuRequest oversubscribe={self.oversubscribe!r}")
-        _bounded("count", self.count, 1, MAX_GPUS)
-        _bounded("mem_mib", self.mem_mib, 1, 1 << 30)
-        _bounded("mem_percentage", self.mem_percentage, 1, 100)
-        _bounded("cores", self.cores, 0, 100)
-        _bounded("priority", self.priority, 0, 1, optional=False)
-        for name in ("use_uuids", "avoid_uuids", "use_indices", "use_types", "avoid_types", "assigned"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "keys", dict(self.keys or {}))
+    keys: Mapping[str, str] = MappingProxyType({})  # the request as written
 
     def key_for(self, short: str) -> str:
         """The key this request wrote `short` under (hami.io/ or nvidia.com/)."""
@@ -82,7 +64,26 @@ class GpuRequest:
         if self.assigned or self.count != len(uuids) or (
                 self.use_uuids and not set(uuids) <= set(self.use_uuids)):
             return None
-        return replace(self, use_uuids=uuids)
+        return self._replace(use_uuids=uuids)
+
+
+def request(**values) -> GpuRequest:
+    """A GpuRequest of these values, each checked."""
+    made = GpuRequest(**values)
+    if made.source not in ("annotations", "env"):
+        raise ValueError(f"GpuRequest source={made.source!r}")
+    if made.core_policy not in CORE_POLICIES:
+        raise ValueError(f"GpuRequest core_policy={made.core_policy!r}")
+    if not isinstance(made.oversubscribe, bool):
+        raise ValueError(f"GpuRequest oversubscribe={made.oversubscribe!r}")
+    _bounded("count", made.count, 1, MAX_GPUS)
+    _bounded("mem_mib", made.mem_mib, 1, 1 << 30)
+    _bounded("mem_percentage", made.mem_percentage, 1, 100)
+    _bounded("cores", made.cores, 0, 100)
+    _bounded("priority", made.priority, 0, 1, optional=False)
+    return made._replace(**{name: tuple(getattr(made, name)) for name in
+                            ("use_uuids", "avoid_uuids", "use_indices", "use_types", "avoid_types",
+                             "assigned")}, keys=dict(made.keys))
 
 
 def number(key: str, value: str, low: int, high: int) -> int:
@@ -242,7 +243,7 @@ def from_annotations(annotations: dict[str, str], core_policy: str = "default",
             raise HamiError(gkey, gvalue, f"conflicts with {key}, which assigns "
                             f"{len(args['assigned'])} GPU(s)")
         args["count"] = len(args["assigned"])
-    return GpuRequest(**args)
+    return request(**args)
 
 
 def env_map(env: Iterable[str]) -> dict[str, str]:
@@ -301,23 +302,23 @@ def from_env(env: dict[str, str], core_policy: str = "default") -> GpuRequest | 
         args["mem_percentage"] = number("HAMI_GPUMEM_PERCENTAGE", env["HAMI_GPUMEM_PERCENTAGE"], 1, 100)
     if "HAMI_GPUCORES" in env:
         args["cores"] = number("HAMI_GPUCORES", env["HAMI_GPUCORES"], 0, 100)
-    return GpuRequest(**args)
+    return request(**args)
 
 
-def for_visible_devices_alone(request: GpuRequest | None, policy: str, split_count: int,
+def for_visible_devices_alone(asked: GpuRequest | None, policy: str, split_count: int,
                               default_memory_mib: int) -> GpuRequest | None:
     """What an env request that names GPUs and no size gets (a stock CUDA image's
     NVIDIA_VISIBLE_DEVICES=all, `docker run --gpus`): the node's
     visible_devices_alone says. `slice`: the node's default size, or where that
     is the whole card a split_count-th of it; `whole`: whole cards; `none`: no
     GPU (None). Any other request as it is."""
-    if request is None or request.source != "env" or any(k in request.keys for k in ENV_KEYS):
-        return request
+    if asked is None or asked.source != "env" or any(k in asked.keys for k in ENV_KEYS):
+        return asked
     if policy == "none":
         return None
     if policy == "whole" or default_memory_mib:
-        return request
-    return replace(request, mem_percentage=max(1, 100 // split_count))
+        return asked
+    return asked._replace(mem_percentage=max(1, 100 // split_count))
 
 
 def parse(annotations: dict[str, str], env: Iterable[str], env_requests: bool = True,

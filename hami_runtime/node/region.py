@@ -22,10 +22,12 @@ import os
 import stat
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .. import installed
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 REGION_FILE_NAME = "vgpu.region"  # in the container dir (read-write inside)
@@ -52,6 +54,7 @@ def _header_candidates() -> list[str]:
 
 
 def header_candidates() -> list[Path]:
+    from pathlib import Path
     return [Path(c) for c in _header_candidates()]
 
 
@@ -67,6 +70,7 @@ def _find_header() -> str:
 
 
 def find_header() -> Path:
+    from pathlib import Path
     return Path(_find_header())
 
 
@@ -116,6 +120,7 @@ def _load_ffi():
 def emit_module(out_path, header_path=None) -> None:
     """Write the out-of-line ABI module for the header (default: the one found
     now) with the header's text; atomic, so a reader never sees half of it."""
+    from pathlib import Path
     header_text = Path(header_path).read_bytes() if header_path else find_header().read_bytes()
     builder = _parsed_ffi(header_text)
     builder.set_source(FFI_MODULE, None)
@@ -530,4 +535,5 @@ def open_limits(path, writable: bool = False, **where) -> Limits:
 
 
 def region_path(container_dir) -> Path:
+    from pathlib import Path
     return Path(container_dir) / REGION_FILE_NAME

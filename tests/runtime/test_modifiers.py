@@ -95,7 +95,7 @@ def test_apply_leaves_the_input_alone_when_copied():
 def test_c_hook_is_not_doubled_and_brings_no_poststop():
     """With the launcher's C hook there is no poststop of ours (delete and the
     next transaction free the allocation); the spec's own hooks stay."""
-    inj = INJ.replace(create_hook_argv=["/opt/hami-runtime", "hami-hook", "--state-dir",
+    inj = INJ._replace(create_hook_argv=["/opt/hami-runtime", "hami-hook", "--state-dir",
                                         "/state", "--root-key", "0123456789abcdef"])
     once = m.add_hooks(base(), inj)
     twice = m.add_hooks(copy.deepcopy(once), inj)
