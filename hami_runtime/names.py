@@ -3,37 +3,20 @@ annotations and state files: each value must match its pattern entirely."""
 from __future__ import annotations
 
 import re
-
-CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,1023}")  # runc's own rule
-GPU_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-NUMBER = re.compile(r"[0-9]{1,10}")
-ROOT_KEY = re.compile(r"[0-9a-f]{16}")
-DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # a Kubernetes container name
+from collections.abc import Callable
 
 
-def container_id(value: str) -> bool:
-    return CONTAINER_ID.fullmatch(value) is not None
+def _whole(pattern: str) -> Callable[[str], bool]:
+    compiled = re.compile(pattern)
+    return lambda value: compiled.fullmatch(value) is not None
 
 
-def gpu_uuid(value: str) -> bool:
-    return GPU_UUID.fullmatch(value) is not None
-
-
-def env_name(value: str) -> bool:
-    return ENV_NAME.fullmatch(value) is not None
-
-
-def number(value: str) -> bool:
-    return NUMBER.fullmatch(value) is not None
-
-
-def root_key(value: str) -> bool:
-    return ROOT_KEY.fullmatch(value) is not None
-
-
-def dns_label(value: str) -> bool:
-    return DNS_LABEL.fullmatch(value) is not None
+container_id = _whole(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,1023}")  # runc's own rule
+gpu_uuid = _whole(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,94}")
+env_name = _whole(r"[A-Za-z_][A-Za-z0-9_]*")
+number = _whole(r"[0-9]{1,10}")
+root_key = _whole(r"[0-9a-f]{16}")
+dns_label = _whole(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # a Kubernetes container name
 
 
 def dns_subdomain(value: str) -> bool:

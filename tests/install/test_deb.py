@@ -58,6 +58,7 @@ def test_files_name_usr_only(deb):
                   " ./usr/lib/hami/libvgpu.so\n", " ./usr/lib/hami/venv/share/hami/region.h\n",
                   " ./etc/hami/config.toml\n"):
         assert entry in listing, entry
+    assert "nvidia-container-runtime-hook" not in listing  # NVIDIA's package ships one
     assert re.search(r" root/root .* \./usr/lib/hami/hami-runtime\n", listing)
     venv = tree / "usr" / "lib" / "hami" / "venv"
     python = os.path.basename(os.path.realpath(DISTRO_PYTHON))

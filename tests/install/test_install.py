@@ -68,6 +68,8 @@ def test_layout_names_the_prefix_and_nothing_of_the_build(installed):
     ("hamictl", ("--help",), "Usage: hamictl"),
     ("hami-hook", (), "usage: hami-hook"),
     ("hami-runtime", ("--version",), "runc version"),  # passthrough: the launcher execs runc
+    # no NVIDIA toolkit here: make install's stand-in, which refuses a --gpus container under runc
+    ("nvidia-container-runtime-hook", ("prestart",), "this node's GPUs are served by hami-runtime"),
 ])
 def test_entry_points_run_with_no_environment(installed, entry, args, expected):
     proc = subprocess.run([installed.bin / entry, *args], env={}, capture_output=True, text=True,
