@@ -11,8 +11,10 @@ so an entry found in a directory that is not the config's own state dir is
 never used. The state dir is found without TOML: the top-level
 `state_dir = "..."` line, else the default; a file that sets it some other way
 simply always misses. The entry is a state file (files.py: regular, root's or
-ours, no symlink, bounded); anything unexpected is a miss, and an entry that
-cannot be written is not an error.
+ours, no symlink, bounded) in the host-only cache/ (no container mounts it);
+its values are used as validated: whoever can write there can write the config
+itself. Anything unexpected is a miss, and an entry that cannot be written is
+not an error.
 """
 from __future__ import annotations
 
