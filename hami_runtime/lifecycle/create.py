@@ -236,7 +236,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
         return _passed_through(cfg, cid, annotations, env)
     # Only now the request model, NVML and the allocator are loaded.
     from . import pod_identity, pod_requests, requests
-    from ..node import discovery_cache
+    from ..node import discovery_cache, driver_capabilities
     member = pod_identity.member(annotations)
     plan = pod_requests.plan(annotations, env, cfg.env_requests, cfg.core_policy, member)
     who = f"{cid} ({member.describe()})" if member is not None else cid
@@ -258,7 +258,8 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
     gpus = discovery_cache.gpus(cfg)
     majors = device_majors(cfg)
-    driver_files = discovery_cache.driver_files(cfg)
+    driver_files = driver_capabilities.chosen(discovery_cache.driver_files(cfg), driver_capabilities.parse(
+        requests.env_map(env).get(driver_capabilities.VARIABLE)))
     name = state_layout.alloc_name(inv.root, cid)
     creator = {"pid": os.getpid(), "start": process_start(os.getpid())}
     request, how, refusal = plan.request, plan.why, None

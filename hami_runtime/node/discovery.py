@@ -6,12 +6,16 @@ import os
 from typing import NamedTuple
 
 from ..errors import HamiError
+from . import driver_capabilities
 from .gpu import GpuInfo
 
-# Driver user-space libraries, by soname prefix (the toolkit's libcudart etc. are not the driver's).
-DRIVER_LIB_PREFIXES = ("libcuda.so", "libnvidia-", "libcudadebugger.so", "libnvcuvid.so",
-                       "libnvoptix.so")
-SMI_PLACES = ("usr/bin/nvidia-smi", "bin/nvidia-smi", "usr/local/bin/nvidia-smi", "usr/sbin/nvidia-smi")
+PROGRAM_DIRS = ("usr/bin", "bin", "usr/local/bin", "usr/sbin")
+
+
+def program_places() -> list[str]:
+    """Where the driver's programs are looked for under the driver root, by class."""
+    return [f"{place}/{program}" for programs in driver_capabilities.PROGRAMS.values()
+            for program in programs for place in PROGRAM_DIRS]
 LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig", "/sbin/ldconfig.real")
 # compiled on use: a create that finds the discovery cache loads no re
 _CACHE_LINE = r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$"
@@ -20,6 +24,8 @@ _CACHE_LINE = r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$"
 class DriverFile(NamedTuple):
     host_path: str       # resolved, under the driver root
     container_path: str  # where the cache lists it (root removed)
+    capability: str      # its NVIDIA_DRIVER_CAPABILITIES class (driver_capabilities.py)
+    bits: int = 64       # 32: a library's 32-bit copy (compat32)
 
 
 def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
@@ -110,19 +116,18 @@ def parse_ld_cache(output: str) -> list[tuple[str, str, str]]:
 
 
 def select_driver_libs(entries, root: str) -> list[DriverFile]:
-    """64-bit driver libraries of the cache, mapped to files under the root."""
+    """The driver's libraries in the cache (64- and 32-bit), mapped to files under the root."""
     chosen: dict[str, DriverFile] = {}
+    real_root = os.path.realpath(root)
     for soname, flags, path in entries:
-        if not soname.startswith(DRIVER_LIB_PREFIXES) or "64" not in flags:
-            continue  # not the driver's, or a 32-bit copy
-        if not os.path.isabs(path) or path in chosen:
-            continue
+        capability = driver_capabilities.library_class(soname)
+        if capability is None or not os.path.isabs(path) or path in chosen:
+            continue  # not the driver's (the toolkit's libcudart is not)
         host = os.path.realpath(os.path.join(root, path.lstrip("/")))
-        real_root = os.path.realpath(root)
         if not (host == real_root or host.startswith(real_root.rstrip("/") + "/")):
             continue  # a link that leaves the driver root
         if os.path.isfile(host):
-            chosen[path] = DriverFile(host, path)
+            chosen[path] = DriverFile(host, path, capability, 64 if "64" in flags else 32)
     return list(chosen.values())
 
 
@@ -140,9 +145,11 @@ def driver_files(root: str) -> list[DriverFile]:
     if not any(os.path.basename(f.container_path).startswith("libcuda.so") for f in files):
         raise HamiError("config driver_root", root, "its ld cache lists no libcuda.so")
     real_root = os.path.realpath(root)
-    for place in SMI_PLACES:
-        host = os.path.realpath(os.path.join(root, place))
-        if host.startswith(real_root.rstrip("/") + "/") and os.path.isfile(host):
-            files.append(DriverFile(host, "/" + place))
-            break
+    for capability, programs in driver_capabilities.PROGRAMS.items():
+        for program in programs:
+            for place in PROGRAM_DIRS:
+                host = os.path.realpath(os.path.join(root, place, program))
+                if host.startswith(real_root.rstrip("/") + "/") and os.path.isfile(host):
+                    files.append(DriverFile(host, f"/{place}/{program}", capability))
+                    break  # the first place that has it, as PATH would find it
     return files

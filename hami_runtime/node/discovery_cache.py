@@ -24,7 +24,7 @@ from .gpu import GpuInfo
 CACHE_DIR = "cache"
 GPUS_FILE = "gpus.json"
 DRIVER_FILES_FILE = "driver-files.json"
-VERSION = 2
+VERSION = 3
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 HOST_LD_CACHE = "/etc/ld.so.cache"
 KERNEL_GPUS = "/proc/driver/nvidia/gpus"
@@ -94,8 +94,8 @@ def gpus_key(cfg, nvml_path: str) -> dict:
 
 
 def driver_files_key(cfg) -> dict:
-    smi = {place: _file_id(os.path.join(cfg.driver_root, place)) for place in discovery.SMI_PLACES}
-    return dict(_base_key(cfg), nvidia_smi=smi)
+    programs = {place: _file_id(os.path.join(cfg.driver_root, place)) for place in discovery.program_places()}
+    return dict(_base_key(cfg), programs=programs)
 
 
 def _path(cfg, name: str) -> str:
@@ -190,11 +190,11 @@ def driver_files(cfg) -> list[discovery.DriverFile]:
     if cached is not None and cached["key"] == driver_files_key(cfg):
         value = cached.get("value")
         if (isinstance(value, list) and value
-                and all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p)
-                        for p in value)
-                and all(os.path.isfile(host) for host, _ in value)):
-            return [discovery.DriverFile(host, container) for host, container in value]
+                and all(isinstance(p, list) and len(p) == 4 and all(isinstance(s, str) for s in p[:3])
+                        and p[3] in (32, 64) for p in value)
+                and all(os.path.isfile(p[0]) for p in value)):
+            return [discovery.DriverFile(*p) for p in value]
     key = driver_files_key(cfg)
     found = discovery.driver_files(cfg.driver_root)
-    _write(cfg, DRIVER_FILES_FILE, key, [[f.host_path, f.container_path] for f in found])
+    _write(cfg, DRIVER_FILES_FILE, key, [list(f) for f in found])
     return found

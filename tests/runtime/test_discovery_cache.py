@@ -111,7 +111,7 @@ def test_another_environment_sees_another_machine(node, tmp_path):
 def test_driver_files_gone_discovers_again(node):
     first = probe(node)
     cached = json.loads(cache_file(node, discovery_cache.DRIVER_FILES_FILE).read_text())
-    host = next(h for h, c in cached["value"] if os.path.basename(c).startswith("libcuda.so"))
+    host = next(h for h, c, *_ in cached["value"] if os.path.basename(c).startswith("libcuda.so"))
     os.rename(host, host + ".moved")
     try:  # not served from the cache: discovery runs and finds no libcuda
         proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
