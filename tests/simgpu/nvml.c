@@ -9,6 +9,8 @@
 struct nvml_device { int index; };        /* visible index (see sim.h) */
 
 static struct nvml_device devices[SIM_MAX_DEVICES];
+struct nvml_mig { int instance; };       /* sim_config()->mig_instance[instance] */
+static struct nvml_mig mig_handles[SIM_MAX_MIG];
 static int init_count;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -23,6 +25,8 @@ static nvmlReturn_t init(void)
     pthread_mutex_lock(&init_lock);
     for (int i = 0; i < SIM_MAX_DEVICES; i++)
         devices[i].index = i;
+    for (int i = 0; i < SIM_MAX_MIG; i++)
+        mig_handles[i].instance = i;
     init_count++;
     pthread_mutex_unlock(&init_lock);
     return NVML_SUCCESS;
@@ -70,6 +74,15 @@ static int device_of(nvmlDevice_t handle)
     if (d < devices || d >= devices + sim_config()->visible)
         return -1;
     return d->index;
+}
+
+/* The MIG instance behind a handle, or NULL when it is not a MIG handle of ours. */
+static const struct sim_mig *mig_of(nvmlDevice_t handle)
+{
+    struct nvml_mig *m = (struct nvml_mig *)handle;
+    if (!initialised() || m < mig_handles || m >= mig_handles + sim_config()->mig_count)
+        return NULL;
+    return &sim_config()->mig_instance[m->instance];
 }
 
 #define REQUIRE_DEVICE(handle, idx) \
@@ -186,14 +199,27 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned i
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    REQUIRE_DEVICE(device, idx);
     char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    const struct sim_mig *mig = mig_of(device);
+    if (mig) {
+        sim_mig_uuid_string(mig, text, sizeof text);
+        return copy_string(text, uuid, length);
+    }
+    REQUIRE_DEVICE(device, idx);
     sim_device_uuid_string(idx, text, sizeof text);
     return copy_string(text, uuid, length);
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
+    const struct sim_mig *mig = mig_of(device);
+    if (mig) {  /* as NVML names them: "<model> MIG <slices>g.<GiB>gb", of 7 slices */
+        char text[NVML_DEVICE_NAME_V2_BUFFER_SIZE + 32];
+        uint64_t slices = mig->memory_mib * 7 / sim_config()->memory_mib;
+        snprintf(text, sizeof text, "%s MIG %llug.%llugb", sim_config()->name,
+                 (unsigned long long)(slices ? slices : 1), (unsigned long long)(mig->memory_mib / 1024));
+        return copy_string(text, name, length);
+    }
     REQUIRE_DEVICE(device, idx);
     (void)idx;
     return copy_string(sim_config()->name, name, length);
@@ -246,13 +272,28 @@ static void memory_of(int idx, uint64_t *total, uint64_t *used)
         *used = *total;
 }
 
+/* A MIG instance's memory is its own; the simulator books no use on it. */
+static nvmlReturn_t memory_of_handle(nvmlDevice_t device, uint64_t *total, uint64_t *used)
+{
+    const struct sim_mig *mig = mig_of(device);
+    if (mig) {
+        *total = mig->memory_mib * SIM_MIB;
+        *used = 0;
+        return NVML_SUCCESS;
+    }
+    REQUIRE_DEVICE(device, idx);
+    memory_of(idx, total, used);
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    REQUIRE_DEVICE(device, idx);
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t total, used;
-    memory_of(idx, &total, &used);
+    nvmlReturn_t rc = memory_of_handle(device, &total, &used);
+    if (rc != NVML_SUCCESS)
+        return rc;
     memory->total = total;
     memory->used = used;
     memory->free = total - used;
@@ -261,13 +302,14 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    REQUIRE_DEVICE(device, idx);
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     uint64_t total, used;
-    memory_of(idx, &total, &used);
+    nvmlReturn_t rc = memory_of_handle(device, &total, &used);
+    if (rc != NVML_SUCCESS)
+        return rc;
     memory->total = total;
     memory->reserved = 0;
     memory->used = used;
@@ -384,4 +426,97 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
 {
     REQUIRE_DEVICE(device, idx);
     return running_processes(idx, infoCount, NULL, infos);
+}
+
+/* ---- MIG: a card with instances in the config (`mig`) is in MIG mode ---- */
+
+static int card_in_mig_mode(int card)
+{
+    for (int i = 0; i < sim_config()->mig_count; i++)
+        if (sim_config()->mig_instance[i].card == card)
+            return 1;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!currentMode || !pendingMode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *currentMode = *pendingMode = card_in_mig_mode(sim_card(idx)) ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = card_in_mig_mode(sim_card(idx)) ? SIM_MIG_PER_CARD : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice)
+{
+    REQUIRE_DEVICE(device, idx);
+    if (!migDevice || index >= SIM_MIG_PER_CARD)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!card_in_mig_mode(sim_card(idx)))
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int seen = 0;
+    for (int i = 0; i < sim_config()->mig_count; i++) {
+        if (sim_config()->mig_instance[i].card == sim_card(idx) && seen++ == index) {
+            *migDevice = (nvmlDevice_t)&mig_handles[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+    REQUIRE_INIT();
+    const struct sim_mig *mig = mig_of(migDevice);
+    if (!mig || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int dev = 0; dev < sim_config()->visible; dev++) {
+        if (sim_card(dev) == mig->card) {
+            *device = (nvmlDevice_t)&devices[dev];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    REQUIRE_INIT();
+    if (!isMigDevice || (!mig_of(device) && device_of(device) < 0))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isMigDevice = mig_of(device) != NULL;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    REQUIRE_INIT();
+    const struct sim_mig *mig = mig_of(device);
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig)
+        return device_of(device) < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+    *id = (unsigned)mig->gpu_instance;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    REQUIRE_INIT();
+    const struct sim_mig *mig = mig_of(device);
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig)
+        return device_of(device) < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+    *id = (unsigned)mig->compute_instance;
+    return NVML_SUCCESS;
 }

@@ -18,6 +18,8 @@
 #pragma GCC visibility pop
 
 #define SIM_MAX_DEVICES 16
+#define SIM_MAX_MIG 32                   /* MIG instances on the whole machine */
+#define SIM_MIG_PER_CARD 7               /* as on an A100/H100: at most seven */
 #define SIM_MAX_PROCS 1024
 #define SIM_RING 32768                   /* kernel intervals remembered per device */
 #define SIM_STATE_MAGIC 0x3154535f4d495348ULL
@@ -55,6 +57,14 @@ struct sim_config {
     int self_calls;                      /* 1: entry points call each other through their exported names */
     uint64_t host_memory_mib;            /* host memory managed allocations may take, machine-wide */
     int brand;                           /* nvmlDeviceGetBrand's nvmlBrandType_t */
+    char mig[256];                       /* the `mig` key as written: "<card>:<MiB>,..." */
+    int mig_count;
+    struct sim_mig {                     /* one MIG instance (a GPU instance with one compute instance) */
+        int card;
+        int gpu_instance;                /* 1, 2, ... in the card's order */
+        int compute_instance;            /* 0 */
+        uint64_t memory_mib;
+    } mig_instance[SIM_MAX_MIG];
 };
 /* The configuration, read once; NULL (after one stderr line) when it is bad. */
 const struct sim_config *sim_config(void);
@@ -63,6 +73,7 @@ int sim_card(int dev);
 void sim_device_uuid(int dev, unsigned char out[16]);
 void sim_device_uuid_string(int dev, char *out, size_t len);  /* "GPU-xxxxxxxx-..." */
 int sim_device_pci_bus(int dev);
+void sim_mig_uuid_string(const struct sim_mig *mig, char *out, size_t len);  /* "MIG-xxxxxxxx-..." */
 
 /* ---- cross-process state file (sim_state.c) ---- */
 struct sim_proc_slot {

@@ -57,7 +57,7 @@ static int copy_text(const char *text, char *out, size_t size)
     X(self_calls, 0, 1)                                                                             \
     X(host_memory_mib, 0, 1ULL << 30)                                                               \
     X(brand, 0, 16)
-#define SIM_TEXT_KEYS(X) X(name) X(driver_version)
+#define SIM_TEXT_KEYS(X) X(name) X(driver_version) X(mig)
 
 /* One key: 0 on success, -1 bad value, -2 unknown key. */
 static int apply(struct sim_config *c, const char *key, const char *value)
@@ -78,6 +78,32 @@ static int apply(struct sim_config *c, const char *key, const char *value)
 #undef NUMBER_KEY
 #undef TEXT_KEY
     return -2;
+}
+
+/* `mig`: the MIG instances, "<card>:<MiB>" each, comma-separated; a card with any is in
+ * MIG mode. Each is a GPU instance (ids 1, 2, ... per card) with compute instance 0. */
+static int parse_mig(struct sim_config *c)
+{
+    char text[sizeof c->mig];
+    uint64_t used[SIM_MAX_DEVICES] = {0};
+    int per_card[SIM_MAX_DEVICES] = {0};
+    strcpy(text, c->mig);
+    c->mig_count = 0;
+    for (char *save = NULL, *item = strtok_r(text, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(item, ':');
+        uint64_t card, mib;
+        if (!colon || c->mig_count == SIM_MAX_MIG)
+            return -1;
+        *colon = '\0';
+        if (parse_u64(trim(item), 0, (uint64_t)c->devices - 1, &card) ||
+            parse_u64(trim(colon + 1), 1, c->memory_mib, &mib) ||
+            per_card[card] == SIM_MIG_PER_CARD || used[card] + mib > c->memory_mib)
+            return -1;
+        used[card] += mib;
+        c->mig_instance[c->mig_count++] = (struct sim_mig){
+            .card = (int)card, .gpu_instance = ++per_card[card], .compute_instance = 0, .memory_mib = mib};
+    }
+    return 0;
 }
 
 static int load_file(const char *path, struct sim_config *c)
@@ -113,6 +139,11 @@ static int load_file(const char *path, struct sim_config *c)
         rc = r ? -1 : 0;
     }
     fclose(f);
+    if (rc == 0 && c->mig[0] && parse_mig(c) < 0) {
+        fprintf(stderr, "hami-sim: %s: bad value for mig: '%s' (<card>:<MiB>,... on cards below devices, "
+                "at most %d per card, within its memory_mib)\n", path, c->mig, SIM_MIG_PER_CARD);
+        rc = -1;
+    }
     if (rc == 0 && c->context_mib >= c->memory_mib) {
         fprintf(stderr, "hami-sim: %s: context_mib %llu must be below memory_mib %llu\n", path,
                 (unsigned long long)c->context_mib, (unsigned long long)c->memory_mib);
@@ -168,10 +199,8 @@ const struct sim_config *sim_config(void)
 
 int sim_card(int dev) { return config.card[dev]; }
 
-/* Stable per card: the same card has the same UUID in every process and run. */
-void sim_device_uuid(int dev, unsigned char out[16])
+static void uuid_from_seed(uint64_t x, unsigned char out[16])
 {
-    uint64_t x = 0x48414d6953494d00ULL + (uint64_t)sim_card(dev);
     for (int half = 0; half < 2; half++) {
         /* splitmix64 */
         x += 0x9e3779b97f4a7c15ULL;
@@ -186,13 +215,32 @@ void sim_device_uuid(int dev, unsigned char out[16])
     out[8] = (unsigned char)((out[8] & 0x3f) | 0x80);
 }
 
+static void uuid_text(const char *prefix, const unsigned char u[16], char *out, size_t len)
+{
+    snprintf(out, len, "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix,
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+/* Stable per card: the same card has the same UUID in every process and run. */
+void sim_device_uuid(int dev, unsigned char out[16])
+{
+    uuid_from_seed(0x48414d6953494d00ULL + (uint64_t)sim_card(dev), out);
+}
+
 void sim_device_uuid_string(int dev, char *out, size_t len)
 {
     unsigned char u[16];
     sim_device_uuid(dev, u);
-    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-             u[14], u[15]);
+    uuid_text("GPU", u, out, len);
+}
+
+/* Stable per card and GPU instance, as the card's own. */
+void sim_mig_uuid_string(const struct sim_mig *mig, char *out, size_t len)
+{
+    unsigned char u[16];
+    uuid_from_seed(0x48414d694d494700ULL + (uint64_t)mig->card * 64 + (uint64_t)mig->gpu_instance, u);
+    uuid_text("MIG", u, out, len);
 }
 
 int sim_device_pci_bus(int dev) { return 0x18 + sim_card(dev) * 8; }
