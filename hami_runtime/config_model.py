@@ -76,6 +76,8 @@ class NodeConfig(Strict):
     driver_root: AbsolutePath = Field("/", description="where the driver's files are (its etc/ld.so.cache)")
     dev_root: AbsolutePath = Field("/dev", description="host device nodes")
     proc_devices: AbsolutePath = Field("/proc/devices", description="device majors")
+    mig_minors: AbsolutePath = Field("/proc/driver/nvidia-caps/mig-minors",
+                                     description="the minors of the nvidia-caps nodes that give access to MIG instances")
     nvml_library: AbsolutePathOrEmpty = Field("", description="an explicit libnvidia-ml.so.1; empty: the loader's")
     env_requests: bool = Field(True, description="accept env requests (NVIDIA_VISIBLE_DEVICES, HAMI_GPUMEM, ...)")
     visible_devices_alone: Literal["slice", "whole", "none"] = Field(

@@ -499,19 +499,21 @@ static int limits_have_uuids(const struct hami_limits *l)
     return 0;
 }
 
-static const char *skip_gpu_prefix(const char *uuid)
+/* A UUID's hex body: CUDA's UUID of a device, written GPU-<hex> here, is a MIG
+ * instance's own (cuDeviceGetUuid_v2), which NVML and the limits write MIG-<hex>. */
+static const char *uuid_body(const char *uuid)
 {
-    return strncasecmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid;
+    return strncasecmp(uuid, "GPU-", 4) == 0 || strncasecmp(uuid, "MIG-", 4) == 0 ? uuid + 4 : uuid;
 }
 
 static int index_of_uuid(const struct hami_limits *l, const char *uuid)
 {
-    const char *want = skip_gpu_prefix(uuid);
+    const char *want = uuid_body(uuid);
     for (uint32_t i = 0; i < l->device_count && i < HAMI_MAX_DEVICES; i++) {
         char have[HAMI_UUID_LEN];
         memcpy(have, l->devices[i].uuid, HAMI_UUID_LEN);
         have[HAMI_UUID_LEN - 1] = '\0';
-        if (have[0] && strcasecmp(skip_gpu_prefix(have), want) == 0)
+        if (have[0] && strcasecmp(uuid_body(have), want) == 0)
             return (int)i;
     }
     return -1;
@@ -572,7 +574,7 @@ static int cuda_ordinal_of_uuid(const char *uuid)
         CUdevice dev;
         char have[HAMI_UUID_LEN];
         if (get(&dev, i) == CUDA_SUCCESS && hami_cuda_uuid(dev, have, sizeof have) == 0 &&
-            strcasecmp(skip_gpu_prefix(have), skip_gpu_prefix(uuid)) == 0)
+            strcasecmp(uuid_body(have), uuid_body(uuid)) == 0)
             return i;
     }
     return -1;

@@ -10,7 +10,10 @@ sim: $(BUILD)/sim/hami.toml $(BUILD)/runtime-tests/cuda_alloc
 $(BUILD)/sim/hami.toml: mk/runtime.mk
 	@mkdir -p $(SIM_ROOT)/state $(SIM_ROOT)/shared $(SIM_ROOT)/dev
 	@chmod 1777 $(SIM_ROOT)/shared
-	@printf 'Character devices:\n  1 mem\n195 nvidia-frontend\n511 nvidia-uvm\n\nBlock devices:\n  7 loop\n' > $(SIM_ROOT)/proc-devices
+	@printf 'Character devices:\n  1 mem\n195 nvidia-frontend\n236 nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n  7 loop\n' > $(SIM_ROOT)/proc-devices
+	@awk 'BEGIN { print "config 1"; print "monitor 2"; m = 3; \
+	  for (g = 0; g < 16; g++) for (i = 0; i < 15; i++) { printf "gpu%d/gi%d/access %d\n", g, i, m++; \
+	    for (c = 0; c < 8; c++) printf "gpu%d/gi%d/ci%d/access %d\n", g, i, c, m++ } }' > $(SIM_ROOT)/mig-minors
 	@{ \
 	  echo '# hami-runtime config for the simulated GPU (written by make sim)'; \
 	  echo 'runtime = ["/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc", "/usr/local/bin/runc"]'; \
@@ -20,6 +23,7 @@ $(BUILD)/sim/hami.toml: mk/runtime.mk
 	  echo 'driver_root = "$(SIM_ROOT)"'; \
 	  echo 'dev_root = "$(SIM_ROOT)/dev"'; \
 	  echo 'proc_devices = "$(SIM_ROOT)/proc-devices"'; \
+	  echo 'mig_minors = "$(SIM_ROOT)/mig-minors"'; \
 	  echo 'split_count = 10'; \
 	  echo 'memory_scaling = 1.0'; \
 	  echo 'policy = "binpack"'; \

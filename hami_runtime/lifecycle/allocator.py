@@ -7,7 +7,9 @@ from typing import NamedTuple
 
 from ..errors import HamiError
 from ..node.gpu import GpuInfo
+from .request_keys import ENV_KEYS
 
+SIZE_KEYS = ("gpumem", "gpumem-percentage", "gpucores")
 
 
 class Grant(NamedTuple):
@@ -33,6 +35,12 @@ class Usage(NamedTuple):
 
 
 def capacity(gpu: GpuInfo, split_count: int, memory_scaling: float) -> Capacity:
+    """A MIG instance is one container's, whole; a GPU in MIG mode is no one's
+    (its instances are the devices)."""
+    if gpu.mig_mode:
+        return Capacity(slots=0, mem_mib=0)
+    if gpu.is_mig:
+        return Capacity(slots=1, mem_mib=gpu.memory_mib)
     return Capacity(slots=split_count, mem_mib=int(gpu.memory_mib * memory_scaling))
 
 
@@ -85,13 +93,19 @@ def wanted_mib(request, cap: Capacity, default_memory_mib: int = 0) -> int:
     return cap.mem_mib
 
 
+def _named(request, gpu: GpuInfo) -> bool:
+    """Whether the request names this device by UUID or index."""
+    return gpu.uuid in request.use_uuids or (
+        gpu.name in request.use_mig_indices if gpu.is_mig else gpu.index in request.use_indices)
+
+
 def _matches(request, gpu: GpuInfo) -> bool:
     model = gpu.model.lower()
-    if request.use_uuids and gpu.uuid not in request.use_uuids:
+    if gpu.mig_mode or (gpu.is_mig and not _named(request, gpu)):
+        return False  # MIG instances only when named, and never their GPU
+    if (request.use_uuids or request.use_indices or request.use_mig_indices) and not _named(request, gpu):
         return False
     if gpu.uuid in request.avoid_uuids:
-        return False
-    if request.use_indices and gpu.index not in request.use_indices:
         return False
     if request.use_types and not any(t in model for t in request.use_types):
         return False
@@ -136,25 +150,20 @@ def allocate(request, gpus: list[GpuInfo], entries: Iterable[Mapping], *, split_
             grants.append(Grant(gpu.index, gpu.uuid, device.mem_mib, device.cores))
         return grants
 
-    for uuid in request.use_uuids:
-        if uuid not in by_uuid:
-            key = "NVIDIA_VISIBLE_DEVICES" if request.source == "env" else request.key_for("gpu-uuid")
-            raise HamiError(key, uuid, "no GPU with this UUID on this node")
-    for index in request.use_indices:
-        if index not in {g.index for g in gpus}:
-            raise HamiError("NVIDIA_VISIBLE_DEVICES", str(index), "no GPU with this index on this node")
-
-    count = request.count if request.count is not None else len(gpus)
+    _check_named(request, gpus)
+    count = request.count if request.count is not None else sum(
+        1 for g in gpus if not (g.is_mig or g.mig_mode))
     cores = request.cores if request.cores is not None else default_cores
     candidates = [g for g in gpus if _matches(request, g)]
     if not candidates:
         raise HamiError("request", request.describe(), "no GPU on this node matches its filters")
     fitting, reasons = [], []
     for gpu in candidates:
-        mem = wanted_mib(request, caps[gpu.uuid], default_memory_mib)
-        why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), mem, cores, block.get(gpu.uuid, ""))
+        mem = gpu.memory_mib if gpu.is_mig else wanted_mib(request, caps[gpu.uuid], default_memory_mib)
+        why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), mem, 0 if gpu.is_mig else cores,
+                    block.get(gpu.uuid, ""))
         if why:
-            reasons.append(f"GPU {gpu.index}: {why}")
+            reasons.append(f"GPU {gpu.name}: {why}")
         else:
             fitting.append((gpu, mem))
     if len(fitting) < count:
@@ -170,4 +179,25 @@ def allocate(request, gpus: list[GpuInfo], entries: Iterable[Mapping], *, split_
         fitting.sort(key=lambda item: (load(item), item[0].index))
     else:  # binpack: the fullest GPU that still fits
         fitting.sort(key=lambda item: (tuple(-x for x in load(item)), item[0].index))
-    return [Grant(g.index, g.uuid, mem, cores) for g, mem in fitting[:count]]
+    return [Grant(g.index, g.uuid, mem, 0 if g.is_mig else cores) for g, mem in fitting[:count]]
+
+
+def _check_named(request, gpus: list[GpuInfo]) -> None:
+    """Every device the request names is here, and can be given: a MIG instance
+    whole (no size asked), a GPU only while it is not in MIG mode."""
+    key = request.naming_key()
+    by_name = {g.uuid: g for g in gpus} | {g.name: g for g in gpus}
+    for name in (*request.use_uuids, *map(str, request.use_indices), *request.use_mig_indices):
+        gpu = by_name.get(name)
+        if gpu is None:
+            device = "MIG instance" if ":" in name or name[:4].upper() == "MIG-" else "GPU"
+            what = "index" if name[:1].isdigit() else "UUID"
+            raise HamiError(key, name, f"no {device} with this {what} on this node")
+        if gpu.mig_mode:
+            instances = ", ".join(g.name for g in gpus if g.parent == gpu.uuid) or "none made yet"
+            raise HamiError(key, name, f"GPU {gpu.index} is in MIG mode: name one of its MIG "
+                            f"instances ({instances})")
+        sizes = [k for k in request.keys if k in ENV_KEYS or k.partition("/")[2] in SIZE_KEYS]
+        if gpu.is_mig and sizes:
+            raise HamiError(key, name, f"MIG instance {gpu.name} is given whole (its memory and SMs are "
+                            f"the hardware's partition): ask no {', '.join(sizes)} with it")

@@ -127,10 +127,24 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         if os.path.basename(f.container_path).startswith("lib") and directory not in library_dirs:
             library_dirs.append(directory)
     return modifiers.Injection(
-        devices=modifiers.device_nodes([minor_of[g.uuid] for g in grants], majors),
+        devices=modifiers.device_nodes([minor_of[g.uuid] for g in grants], majors,
+                                       mig_cap_minors(cfg, grants, gpus, majors)),
         mounts=mounts, env=env, library_dirs=library_dirs,
         hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV),
         create_hook_argv=create_hook_argv(cfg, launcher, runc_root), marker=marker)
+
+
+def mig_cap_minors(cfg: Config, grants, gpus, majors) -> list[int]:
+    """The nvidia-caps minors of the MIG instances granted (none: nothing read)."""
+    instances = [gpu for g in grants for gpu in gpus if gpu.uuid == g.uuid and gpu.is_mig]
+    if not instances:
+        return []
+    from ..node import mig_caps
+    if mig_caps.MAJOR_NAME not in majors:
+        raise HamiError("config proc_devices", cfg.proc_devices,
+                        f"lists no {mig_caps.MAJOR_NAME} major: MIG instances cannot be given")
+    minors = mig_caps.read(cfg.mig_minors)
+    return [m for gpu in instances for m in mig_caps.access_minors(minors, gpu, cfg.mig_minors)]
 
 
 def spill_flags(cfg: Config, request) -> int:

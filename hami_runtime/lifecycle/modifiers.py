@@ -52,15 +52,19 @@ class Injection(NamedTuple):
     marker: object = None
 
 
-def device_nodes(minors: Sequence[int], majors: dict[str, int]) -> list[DeviceNode]:
-    """/dev/nvidiaN for the allocated GPUs, the control node, and UVM when the
-    driver registered it."""
+def device_nodes(minors: Sequence[int], majors: dict[str, int],
+                 cap_minors: Sequence[int] = ()) -> list[DeviceNode]:
+    """/dev/nvidiaN for the allocated GPUs (a GPU once, however many of its MIG
+    instances), the control node, UVM when the driver registered it, and the
+    nvidia-caps nodes of MIG instances (`cap_minors`; their major is known when
+    there are any)."""
     frontend = majors.get("nvidia-frontend", majors.get("nvidia", NVIDIA_MAJOR))
-    nodes = [DeviceNode(f"/dev/nvidia{m}", frontend, m) for m in minors]
+    nodes = [DeviceNode(f"/dev/nvidia{m}", frontend, m) for m in dict.fromkeys(minors)]
     nodes.append(DeviceNode("/dev/nvidiactl", frontend, 255))
     if "nvidia-uvm" in majors:
         nodes.append(DeviceNode("/dev/nvidia-uvm", majors["nvidia-uvm"], 0))
         nodes.append(DeviceNode("/dev/nvidia-uvm-tools", majors["nvidia-uvm"], 1))
+    nodes += [DeviceNode(f"/dev/nvidia-caps/nvidia-cap{m}", majors["nvidia-caps"], m) for m in cap_minors]
     return nodes
 
 

@@ -18,6 +18,8 @@ REQUEST_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores", "gpu-uuid",
                 "vgpu-devices-allocated")
 ENV_KEYS = ("HAMI_GPUMEM", "HAMI_GPUCORES", "HAMI_GPUMEM_PERCENTAGE")
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+# CDI device names written as annotations (a device plugin's): nvidia.com/gpu=... ask for GPUs.
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 # A pod's sandbox (pause) container carries the pod annotations too (containerd's
 # pod_annotations, CRI-O); it runs no GPU work and must hold no allocation.
 SANDBOX_MARKERS = (("io.kubernetes.cri.container-type", "sandbox"),
@@ -42,12 +44,16 @@ def split_key(key: str):
     return None
 
 
+def is_cdi_key(key) -> bool:
+    return isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIX)
+
+
 def mentions_request(annotations: dict[str, str], env: Iterable[str], env_requests: bool) -> bool:
     """False only when no request key is present at all (a cheap superset test),
     or for a pod's sandbox container."""
     if is_pod_sandbox(annotations):
         return False
-    if any(split_key(key) for key in annotations or {}):
+    if any(split_key(key) or is_cdi_key(key) for key in annotations or {}):
         return True
     if env_requests:
         names = (VISIBLE,) + ENV_KEYS
@@ -57,7 +63,7 @@ def mentions_request(annotations: dict[str, str], env: Iterable[str], env_reques
 
 def mentioned_keys(annotations: dict[str, str], env: Iterable[str], env_requests: bool) -> list:
     """The request keys present (for the log line of a container that asks for nothing)."""
-    found = [k for k in sorted(annotations or {}) if split_key(k)]
+    found = [k for k in sorted(annotations or {}) if split_key(k) or is_cdi_key(k)]
     if env_requests:
         names = (VISIBLE,) + ENV_KEYS
         found += [e for e in env or () if isinstance(e, str) and e.partition("=")[0] in names]

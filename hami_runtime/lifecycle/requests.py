@@ -10,7 +10,8 @@ from typing import NamedTuple
 from ..errors import HamiError
 from ..names import gpu_uuid, number as digits
 from ..policies import CORE_POLICIES
-from .request_keys import CONTAINER_DOMAIN, CONTAINER_KEYS, ENV_KEYS, REQUEST_KEYS, split_key
+from . import device_names
+from .request_keys import CONTAINER_DOMAIN, CONTAINER_KEYS, ENV_KEYS, REQUEST_KEYS, is_cdi_key, split_key
 
 MAX_GPUS = 16
 MAX_DECISION_ENTRIES = 256  # containers of one pod in a scheduler decision
@@ -41,6 +42,7 @@ class GpuRequest(NamedTuple):
     use_uuids: tuple = ()
     avoid_uuids: tuple = ()
     use_indices: tuple = ()
+    use_mig_indices: tuple = ()      # MIG instances by GPU:MIG index, "0:1"
     use_types: tuple = ()
     avoid_types: tuple = ()
     core_policy: str = "default"
@@ -52,6 +54,16 @@ class GpuRequest(NamedTuple):
     def key_for(self, short: str) -> str:
         """The key this request wrote `short` under (hami.io/ or nvidia.com/)."""
         return next((k for k in self.keys if k.partition("/")[2] == short), f"hami.io/{short}")
+
+    def naming_key(self) -> str:
+        """The key that named its devices."""
+        if self.source == "env":
+            return "NVIDIA_VISIBLE_DEVICES"
+        return next((k for k in self.keys if is_cdi_key(k)), self.key_for("gpu-uuid"))
+
+    def names_mig(self) -> bool:
+        """Whether it names a MIG instance (which is given whole)."""
+        return bool(self.use_mig_indices) or any(u[:4].upper() == "MIG-" for u in self.use_uuids)
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.keys.items()) or self.source
@@ -82,8 +94,8 @@ def request(**values) -> GpuRequest:
     _bounded("cores", made.cores, 0, 100)
     _bounded("priority", made.priority, 0, 1, optional=False)
     return made._replace(**{name: tuple(getattr(made, name)) for name in
-                            ("use_uuids", "avoid_uuids", "use_indices", "use_types", "avoid_types",
-                             "assigned")}, keys=dict(made.keys))
+                            ("use_uuids", "avoid_uuids", "use_indices", "use_mig_indices", "use_types",
+                             "avoid_types", "assigned")}, keys=dict(made.keys))
 
 
 def number(key: str, value: str, low: int, high: int) -> int:
@@ -186,10 +198,13 @@ def from_annotations(annotations: dict[str, str], core_policy: str = "default",
     of a scheduler decision's container entries is its (pod_requests.py decides);
     without one, a decision must hold a single entry."""
     found = collect(annotations or {}, container)
-    if not any(k in found for k in REQUEST_KEYS):
+    cdi = cdi_devices(annotations or {})
+    if not any(k in found for k in REQUEST_KEYS) and cdi is None:
         return None
     args: dict = {"source": "annotations", "keys": {k: v for k, v in found.values()},
                   "core_policy": core_policy}
+    if cdi is not None:
+        args.update(_cdi_args(found, *cdi))
     get = found.get
     if "gpumem" in found and "gpumem-percentage" in found:
         key, value = found["gpumem-percentage"]
@@ -246,6 +261,40 @@ def from_annotations(annotations: dict[str, str], core_policy: str = "default",
     return request(**args)
 
 
+def cdi_devices(annotations: dict[str, str]) -> tuple[str, str, device_names.Named] | None:
+    """The GPUs named by CDI annotations (cdi.k8s.io/<name>: a comma list of CDI
+    device names, as a device plugin writes them): (key, value, names) of the
+    first that names any, None where none does. Another vendor's devices are
+    not ours: the engine serves them."""
+    found = None
+    for key in sorted(k for k in annotations if is_cdi_key(k)):
+        value = annotations[key]
+        if not isinstance(value, str):
+            raise HamiError(key, repr(value), "annotation value must be a string")
+        ours = [item for item in _items(value) if device_names.is_cdi(item)]
+        if not ours:
+            continue
+        if found is not None:
+            raise HamiError(key, value, f"names GPUs, and so does {found[0]}: name them in one annotation")
+        found = (key, value, device_names.parse(key, value, ours, MAX_GPUS))
+    return found
+
+
+def _cdi_args(found: dict[str, tuple[str, str]], key: str, value: str,
+              named: device_names.Named) -> dict:
+    for other in ("gpu-uuid", "vgpu-devices-allocated"):
+        if other in found:
+            raise HamiError(key, value, f"conflicts with {found[other][0]}: the GPUs are named twice")
+    if "gpu" in found and found["gpu"][1] != str(named.count):
+        raise HamiError(*found["gpu"], f"conflicts with {key}, which names {named.count or 'all'} GPU(s)")
+    return {"keys": {**{k: v for k, v in found.values()}, key: value}, **_named_args(named)}
+
+
+def _named_args(named: device_names.Named) -> dict:
+    return {"count": named.count, "use_indices": named.indices,
+            "use_mig_indices": named.mig_indices, "use_uuids": named.uuids}
+
+
 def env_map(env: Iterable[str]) -> dict[str, str]:
     """The env as NVIDIA's runtime reads it: of a name given twice, the last
     (dockerd appends --gpus's NVIDIA_VISIBLE_DEVICES after the image's)."""
@@ -270,29 +319,8 @@ def from_env(env: dict[str, str], core_policy: str = "default") -> GpuRequest | 
             name = next(k for k in ENV_KEYS if k in env)
             raise HamiError(name, env[name], f"conflicts with NVIDIA_VISIBLE_DEVICES={visible}")
         return None
-    if text.lower() == "all":
-        args["count"] = None
-    elif text:
-        items = list(_items(text))
-        indices: list[int] = []
-        uuids: list[str] = []
-        for item in items:
-            if item.isdigit():
-                indices.append(number("NVIDIA_VISIBLE_DEVICES", item, 0, 1023))
-            elif gpu_uuid(item) and item.upper().startswith("GPU-"):
-                uuids.append(item)
-            else:
-                raise HamiError("NVIDIA_VISIBLE_DEVICES", visible,
-                                f"{item!r} is not a GPU index or a GPU-UUID")
-        if indices and uuids:
-            raise HamiError("NVIDIA_VISIBLE_DEVICES", visible, "mixes indices and UUIDs")
-        if len(set(items)) != len(items):
-            raise HamiError("NVIDIA_VISIBLE_DEVICES", visible, "names a GPU twice")
-        if len(items) > MAX_GPUS:
-            raise HamiError("NVIDIA_VISIBLE_DEVICES", visible, f"more than {MAX_GPUS} GPUs")
-        args["count"] = len(items)
-        args["use_indices"] = tuple(indices)
-        args["use_uuids"] = tuple(uuids)
+    if text:
+        args.update(_named_args(device_names.parse("NVIDIA_VISIBLE_DEVICES", visible, _items(text), MAX_GPUS)))
     if "HAMI_GPUMEM" in env and "HAMI_GPUMEM_PERCENTAGE" in env:
         raise HamiError("HAMI_GPUMEM_PERCENTAGE", env["HAMI_GPUMEM_PERCENTAGE"],
                         f"conflicts with HAMI_GPUMEM={env['HAMI_GPUMEM']}")
@@ -316,7 +344,7 @@ def for_visible_devices_alone(asked: GpuRequest | None, policy: str, split_count
         return asked
     if policy == "none":
         return None
-    if policy == "whole" or default_memory_mib:
+    if policy == "whole" or default_memory_mib or asked.names_mig():  # a MIG instance is given whole
         return asked
     return asked._replace(mem_percentage=max(1, 100 // split_count))
 

@@ -42,23 +42,24 @@ def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
     except pynvml.NVMLError as exc:
         raise HamiError("NVML", nvml_library or "libnvidia-ml.so.1", f"init failed: {exc}") from None
     try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = text(pynvml.nvmlSystemGetDriverVersion())
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()
         gpus = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
-            gpus.append(GpuInfo(
+            gpu = GpuInfo(
                 index=index,
-                uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
-                model=name.decode() if isinstance(name, bytes) else name,
+                uuid=text(pynvml.nvmlDeviceGetUUID(handle)),
+                model=text(pynvml.nvmlDeviceGetName(handle)),
                 memory_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20),
                 minor=pynvml.nvmlDeviceGetMinorNumber(handle),
                 arch="%d.%d" % pynvml.nvmlDeviceGetCudaComputeCapability(handle),
                 brand=brand_name(pynvml.nvmlDeviceGetBrand(handle)),
-                driver=driver.decode() if isinstance(driver, bytes) else driver,
-                cuda=f"{cuda // 1000}.{cuda % 1000 // 10}"))
+                driver=driver,
+                cuda=f"{cuda // 1000}.{cuda % 1000 // 10}")
+            instances = mig_instances(pynvml, handle, gpu)
+            gpus.append(gpu._replace(mig_mode=instances is not None))
+            gpus.extend(instances or ())
         return gpus
     except pynvml.NVMLError as exc:
         raise HamiError("NVML", nvml_library or "libnvidia-ml.so.1", f"query failed: {exc}") from None
@@ -67,6 +68,34 @@ def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+
+
+def text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def mig_instances(pynvml, handle, gpu: GpuInfo) -> list[GpuInfo] | None:
+    """A GPU's MIG instances, None when it is not in MIG mode (or its driver
+    knows no MIG)."""
+    try:
+        current, _ = pynvml.nvmlDeviceGetMigMode(handle)
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        return None
+    if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return None
+    instances = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError_NotFound:
+            continue  # an empty slot
+        instances.append(gpu._replace(
+            uuid=text(pynvml.nvmlDeviceGetUUID(mig)), model=text(pynvml.nvmlDeviceGetName(mig)),
+            memory_mib=pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1 << 20),
+            parent=gpu.uuid, mig_index=slot,
+            gpu_instance=pynvml.nvmlDeviceGetGpuInstanceId(mig),
+            compute_instance=pynvml.nvmlDeviceGetComputeInstanceId(mig)))
+    return instances
 
 
 def brand_name(brand: int) -> str:

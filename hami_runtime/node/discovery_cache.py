@@ -24,11 +24,13 @@ from .gpu import GpuInfo
 CACHE_DIR = "cache"
 GPUS_FILE = "gpus.json"
 DRIVER_FILES_FILE = "driver-files.json"
-VERSION = 3
+VERSION = 4
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 HOST_LD_CACHE = "/etc/ld.so.cache"
 KERNEL_GPUS = "/proc/driver/nvidia/gpus"
+KERNEL_CAPABILITIES = "/proc/driver/nvidia/capabilities"  # gpu<minor>/mig/gi<id>/ci<id>
 GPU_FIELDS = GpuInfo._fields
+GPU_DEFAULTS = GpuInfo(0, "", "", 0, 0)._asdict()  # a field's type is its default's
 STALE_TEMP_S = 60
 MAX_ENTRY_BYTES = 4 << 20
 
@@ -54,6 +56,16 @@ def _kernel_gpus():
         return sorted(os.listdir(KERNEL_GPUS))
     except OSError:
         return None
+
+
+def _mig_instances():
+    """The MIG GPU and compute instances the kernel driver lists: making or
+    destroying one changes them."""
+    found = []
+    for top, dirs, _ in os.walk(KERNEL_CAPABILITIES):
+        dirs.sort()
+        found += [os.path.relpath(os.path.join(top, d), KERNEL_CAPABILITIES) for d in dirs]
+    return found
 
 
 def _device_nodes(dev_root: str):
@@ -90,7 +102,7 @@ def _base_key(cfg) -> dict:
 def gpus_key(cfg, nvml_path: str) -> dict:
     return dict(_base_key(cfg), nvml_library=cfg.nvml_library,
                 nvml_file=_file_id(nvml_path) if nvml_path else None,
-                kernel_gpus=_kernel_gpus(), device_nodes=_device_nodes(cfg.dev_root))
+                kernel_gpus=_kernel_gpus(), mig_instances=_mig_instances(), device_nodes=_device_nodes(cfg.dev_root))
 
 
 def driver_files_key(cfg) -> dict:
@@ -155,8 +167,7 @@ def _gpus_from(value) -> list[GpuInfo] | None:
     for item in value:
         if not isinstance(item, dict) or set(item) != set(GPU_FIELDS):
             return None
-        if not (all(isinstance(item[k], str) for k in ("uuid", "model", "arch", "brand", "driver", "cuda"))
-                and all(type(item[k]) is int for k in ("index", "memory_mib", "minor"))):
+        if not all(type(item[k]) is type(default) for k, default in GPU_DEFAULTS.items()):
             return None
         gpus.append(GpuInfo(**item))
     return gpus

@@ -77,7 +77,8 @@ def cli(ctx, config_path):
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def gpus(ctx, as_json):
-    """GPUs: index, UUID, model, memory, slots used, memory and cores allocated."""
+    """GPUs and MIG instances (GPU:MIG): index, UUID, model, memory, slots used,
+    memory and cores allocated."""
     from ..lifecycle import allocator
     from ..node import discovery
     cfg = _config(ctx.obj["config_path"])
@@ -90,7 +91,8 @@ def gpus(ctx, as_json):
     for gpu in found:
         cap = caps[gpu.uuid]
         u = used.get(gpu.uuid, allocator.Usage())
-        rows.append({"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model,
+        rows.append({"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid, "model": gpu.model,
+                     "mig_mode": gpu.mig_mode, "parent": gpu.parent,
                      "memory_mib": gpu.memory_mib, "capacity_mib": cap.mem_mib,
                      "slots": cap.slots, "slots_used": u.slots,
                      "memory_allocated_mib": u.mem_mib, "cores_allocated": u.cores,
@@ -99,12 +101,14 @@ def gpus(ctx, as_json):
         click.echo(json.dumps(rows, indent=1))
         return
     click.echo(_table(["INDEX", "UUID", "MODEL", "MEMORY", "SLOTS", "MEM ALLOC", "CORES ALLOC"], [
-        [r["index"], r["uuid"], r["model"], f"{r['memory_mib']}MiB",
+        [r["name"], r["uuid"], r["model"], f"{r['memory_mib']}MiB",
          f"{r['slots_used']}/{r['slots']}", f"{r['memory_allocated_mib']}/{r['capacity_mib']}MiB",
          f"{r['cores_allocated']}%"] for r in rows]))
     for r in rows:
         if r["blocked"]:
-            click.echo(f"GPU {r['index']} takes no new allocation: {r['blocked']}")
+            click.echo(f"GPU {r['name']} takes no new allocation: {r['blocked']}")
+        if r["mig_mode"]:
+            click.echo(f"GPU {r['name']} is in MIG mode: its MIG instances are given, each whole, not it")
 
 
 @cli.command()

@@ -94,3 +94,63 @@ def test_invalid_state_never_counts_as_free(bad, entries, blocked):
                 run(request, entries, invalid=bad)
         else:
             assert run(request, entries, invalid=bad) == [(gpu, 1, 0)]
+
+
+# A node with GPU 1 in MIG mode: two instances of it (1:0, 1:1) are devices of their own.
+MIG_GPU = GpuInfo(1, "GPU-1", "NVIDIA H100 80GB HBM3", 81920, 1, mig_mode=True)
+MIG_NODE = [GPUS[0], MIG_GPU,
+            MIG_GPU._replace(uuid="MIG-a", model="NVIDIA H100 80GB HBM3 MIG 1g.10gb", memory_mib=9984,
+                             mig_mode=False, parent="GPU-1", mig_index=0, gpu_instance=9, compute_instance=0),
+            MIG_GPU._replace(uuid="MIG-b", model="NVIDIA H100 80GB HBM3 MIG 3g.40gb", memory_mib=40192,
+                             mig_mode=False, parent="GPU-1", mig_index=1, gpu_instance=2, compute_instance=0)]
+
+
+def run_mig(annotations, env=(), entries=(), **kw):
+    options = dict(split_count=10, memory_scaling=1.0, policy="binpack", default_memory_mib=0)
+    options.update(kw)
+    return [(g.uuid, g.mem_mib, g.cores) for g in allocate(parse(annotations, list(env)), MIG_NODE,
+                                                           list(entries), **options)]
+
+
+@pytest.mark.parametrize("annotations,env,options,expected", [
+    # named: by GPU:MIG index, by UUID, by CDI name; whole, whatever the node's defaults
+    ({}, ["NVIDIA_VISIBLE_DEVICES=1:0"], {}, [("MIG-a", 9984, 0)]),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=MIG-b"], {"default_memory_mib": 1000, "default_cores": 20},
+     [("MIG-b", 40192, 0)]),
+    ({"cdi.k8s.io/p": "nvidia.com/gpu=1:1,nvidia.com/gpu=1:0"}, [], {}, [("MIG-a", 9984, 0), ("MIG-b", 40192, 0)]),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0,1:1"], {}, [("GPU-0", 40960, 0), ("MIG-b", 40192, 0)]),
+    # not named: never a MIG instance, never a GPU in MIG mode
+    ({"hami.io/gpu": "1", "hami.io/gpumem": "5"}, [], {}, [("GPU-0", 5, 0)]),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=all", "HAMI_GPUMEM=5"], {}, [("GPU-0", 5, 0)]),
+    ({"hami.io/gpumem": "5", "hami.io/use-gputype": "h100"}, [], {}, None),
+])
+def test_mig_instances_are_devices_when_named(annotations, env, options, expected):
+    if expected is None:
+        with pytest.raises(HamiError, match="no GPU on this node matches"):
+            run_mig(annotations, env, **options)
+    else:
+        assert run_mig(annotations, env, **options) == expected
+
+
+def test_a_mig_instance_is_one_containers():
+    held = [entry(("MIG-a", 9984, 0))]
+    with pytest.raises(HamiError, match="GPU 1:0: 1/1 slots used"):
+        run_mig({}, ["NVIDIA_VISIBLE_DEVICES=1:0"], held)
+    assert run_mig({}, ["NVIDIA_VISIBLE_DEVICES=1:1"], held) == [("MIG-b", 40192, 0)]
+
+
+@pytest.mark.parametrize("annotations,env,field,text", [
+    ({}, ["NVIDIA_VISIBLE_DEVICES=1"], "NVIDIA_VISIBLE_DEVICES", r"GPU 1 is in MIG mode: name one of its MIG instances \(1:0, 1:1\)"),
+    ({"hami.io/gpu-uuid": "GPU-1"}, [], "hami.io/gpu-uuid", "GPU 1 is in MIG mode"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=1:5"], "NVIDIA_VISIBLE_DEVICES", "no MIG instance with this index"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=MIG-c"], "NVIDIA_VISIBLE_DEVICES", "no MIG instance with this UUID"),
+    ({"cdi.k8s.io/p": "nvidia.com/gpu=7"}, [], "cdi.k8s.io/p", "no GPU with this index"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=1:0", "HAMI_GPUMEM=100"], "NVIDIA_VISIBLE_DEVICES",
+     "MIG instance 1:0 is given whole .*: ask no HAMI_GPUMEM with it"),
+    ({"cdi.k8s.io/p": "nvidia.com/gpu=MIG-b", "hami.io/gpucores": "20"}, [], "cdi.k8s.io/p",
+     "ask no hami.io/gpucores with it"),
+])
+def test_mig_refusals(annotations, env, field, text):
+    with pytest.raises(HamiError, match=text) as caught:
+        run_mig(annotations, env)
+    assert caught.value.field == field

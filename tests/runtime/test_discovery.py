@@ -1,9 +1,13 @@
 """Discovery from literal inputs: /proc/devices, ldconfig -p output, a driver
 root whose links try to leave it."""
 
+import re
+
 import pytest
 
-from hami_runtime.node import discovery
+from hami_runtime.errors import HamiError
+from hami_runtime.node import discovery, mig_caps
+from hami_runtime.node.gpu import GpuInfo
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -61,3 +65,32 @@ def test_discovery_refusals(tmp_path, problem, field):
         else:
             discovery.read_majors(str(tmp_path / "devices"))
     assert caught.value.field == field
+
+
+MIG_MINORS = """config 1
+monitor 2
+gpu0/gi0/access 3
+gpu0/gi0/ci0/access 4
+gpu1/gi2/access 156
+gpu1/gi2/ci0/access 157
+gpu1/gi2/ci1/access 158
+"""
+
+
+@pytest.mark.parametrize("minor,gi,ci,expected", [
+    (0, 0, 0, [3, 4]),
+    (1, 2, 0, [156, 157]),
+    (1, 2, 1, [156, 158]),
+    (1, 3, 0, "lists no gpu1/gi3/access (MIG instance 1:0)"),
+    (0, 0, 1, "lists no gpu0/gi0/ci1/access"),
+])
+def test_mig_access_minors(minor, gi, ci, expected):
+    instance = GpuInfo(1, "MIG-x", "m", 1, minor, parent="GPU-x", mig_index=0, gpu_instance=gi,
+                       compute_instance=ci)
+    minors = mig_caps.parse(MIG_MINORS)
+    if isinstance(expected, list):
+        assert mig_caps.access_minors(minors, instance, "/proc/x") == expected
+    else:
+        with pytest.raises(HamiError, match=re.escape(expected)) as caught:
+            mig_caps.access_minors(minors, instance, "/proc/x")
+        assert caught.value.field == "config mig_minors"

@@ -29,7 +29,7 @@ discovery.driver_files = counting
 cfg = config.load()
 gpus = discovery_cache.gpus(cfg)
 files = discovery_cache.driver_files(cfg)
-print(json.dumps({"gpus": [[g.index, g.uuid, g.model, g.memory_mib, g.minor] for g in gpus],
+print(json.dumps({"gpus": [list(g) for g in gpus],
                   "files": sorted(f.container_path for f in files),
                   "nvml": "pynvml" in sys.modules, "ldconfig": bool(ran)}))
 """
@@ -55,6 +55,15 @@ def test_a_hit_loads_no_nvml_and_runs_no_ldconfig(node):
     assert not second["nvml"] and not second["ldconfig"]
 
 
+def test_mig_instances_are_cached_with_their_gpu(node):
+    node.simulate(mig="1:4096")
+    first = probe(node)
+    assert first["nvml"] and [(g[0], g[1][:4], g[3]) for g in first["gpus"]] == [
+        (0, "GPU-", 16384), (1, "GPU-", 16384), (1, "MIG-", 4096)]
+    second = probe(node)
+    assert not second["nvml"] and second["gpus"] == first["gpus"]
+
+
 def _touch(path):
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
@@ -66,6 +75,9 @@ CHANGES = {
     "cache file damaged": lambda node: cache_file(node).write_text('{"key": {}, "value": [1'),
     "cache value foreign": lambda node: cache_file(node).write_text(json.dumps(
         {**json.loads(cache_file(node).read_text()), "value": [{"index": "0"}]})),
+    "cache value of a wrong type": lambda node: cache_file(node).write_text(json.dumps(
+        {**json.loads(cache_file(node).read_text()),
+         "value": [{**g, "mig_mode": 0} for g in json.loads(cache_file(node).read_text())["value"]]})),
     # cache files are state files: never opened through a link, never blocking
     "cache file a FIFO": lambda node: _replace(cache_file(node), os.mkfifo),
     "cache file a link to /dev/zero": lambda node: _replace(cache_file(node),

@@ -38,6 +38,25 @@ def test_device_nodes():
     assert nodes[-1] == m.DeviceNode("/dev/nvidia-uvm-tools", 508, 1)
 
 
+def test_device_nodes_of_mig_instances():
+    """Two instances of GPU 1: its node once, then the caps nodes of each."""
+    nodes = m.device_nodes([1, 1], {"nvidia-frontend": 195, "nvidia-caps": 236}, [156, 157, 165, 166])
+    assert [n.path for n in nodes] == ["/dev/nvidia1", "/dev/nvidiactl"] + [
+        f"/dev/nvidia-caps/nvidia-cap{k}" for k in (156, 157, 165, 166)]
+    assert nodes[-1] == m.DeviceNode("/dev/nvidia-caps/nvidia-cap166", 236, 166)
+
+
+def test_removing_dockers_gpu_hook_twice_is_removing_it_once():
+    spec = base()
+    spec["hooks"]["prestart"] = [{"path": "/usr/bin/nvidia-container-runtime-hook",
+                                  "args": ["nvidia-container-runtime-hook", "prestart"]}, {"path": "/bin/x"}]
+    once = m.without_gpu_hooks(copy.deepcopy(spec))
+    assert once["hooks"]["prestart"] == [{"path": "/bin/x"}]
+    assert m.without_gpu_hooks(copy.deepcopy(once)) == once
+    spec["hooks"]["prestart"].pop()
+    assert "prestart" not in m.without_gpu_hooks(m.without_gpu_hooks(spec))["hooks"]
+
+
 def test_add_device_nodes():
     spec = m.add_device_nodes(base(), INJ)
     assert {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3, "fileMode": 0o666,

@@ -94,3 +94,49 @@ def test_dockerd_gpu_hook_is_refused_where_env_requests_are_off(node):
                                               "prestart': this node takes no env requests (config "
                                               "env_requests = false)\n")
     assert node.containers() == []
+
+
+def gpu_uuids(node):
+    return [g["uuid"] for g in json.loads(node.hamictl("gpus", "--json").stdout)]
+
+
+@pytest.mark.parametrize("annotations,env,expected", [
+    # CDI names in NVIDIA_VISIBLE_DEVICES, as NVIDIA's runtime takes them in its CDI mode
+    (None, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1", "HAMI_GPUMEM=1000"], [(1, 1000)]),
+    (None, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"], [(0, 1638), (1, 1638)]),  # a stock image's slice
+    (None, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu={uuid1}", "HAMI_GPUCORES=20"], [(1, 16384)]),
+    # and in a device plugin's cdi.k8s.io/ annotation, sized by HAMi's keys
+    ({"cdi.k8s.io/nvidia-device-plugin_uuid": "nvidia.com/gpu={uuid0}", "hami.io/gpumem": "2000"}, [],
+     [(0, 2000)]),
+    ({"cdi.k8s.io/devices": "vendor.com/nic=eth1,nvidia.com/gpu=0,nvidia.com/gpu=1", "hami.io/gpumem": "500"},
+     [], [(0, 500), (1, 500)]),
+])
+def test_cdi_names_are_served(node, annotations, env, expected):
+    uuids = gpu_uuids(node)
+    fill = lambda text: text.format(uuid0=uuids[0], uuid1=uuids[1])
+    annotations = {k: fill(v) for k, v in (annotations or {}).items()}
+    proc = node.create("cdi", node.bundle("cdi", annotations, env=[fill(e) for e in env], args=("true",)))
+    assert proc.returncode == 0, proc.stderr
+    assert [(d["index"], d["mem_mib"]) for d in node.allocations()["cdi"]["devices"]] == expected
+
+
+def test_another_vendors_cdi_devices_are_left_to_the_engine(node):
+    bundle = node.bundle("nic", {"cdi.k8s.io/nic": "vendor.com/nic=eth1"}, args=("true",))
+    before = (bundle / "config.json").read_bytes()
+    assert node.create("nic", bundle).returncode == 0
+    assert node.allocations() == {} and (bundle / "config.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("annotations,env,line", [
+    (None, ["NVIDIA_VISIBLE_DEVICES=vendor.com/gpu=0"],
+     "NVIDIA_VISIBLE_DEVICES='vendor.com/gpu=0': 'vendor.com/gpu=0' is not a CDI name of kind nvidia.com/gpu"),
+    ({"cdi.k8s.io/x": "nvidia.com/gpu=7"}, [], "cdi.k8s.io/x='7': no GPU with this index on this node"),
+    ({"cdi.k8s.io/x": "nvidia.com/gpu=0", "hami.io/gpu-uuid": "GPU-x"}, [],
+     "cdi.k8s.io/x='nvidia.com/gpu=0': conflicts with hami.io/gpu-uuid: the GPUs are named twice"),
+])
+def test_bad_cdi_names_are_refused_in_one_line(node, annotations, env, line):
+    bundle = node.bundle("bad", annotations, env=env, args=("true",))
+    before = (bundle / "config.json").read_bytes()
+    proc = node.create("bad", bundle)
+    assert (proc.returncode, proc.stderr) == (1, f"hami-runtime: {line}\n")
+    assert node.allocations() == {} and (bundle / "config.json").read_bytes() == before

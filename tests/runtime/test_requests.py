@@ -13,6 +13,8 @@ ANNOTATION_SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "schemas" / "annotations.schema.json").read_text())
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+MIG_A = "MIG-aaaaaaaa-1111-0000-0000-000000000000"
+CDI = "cdi.k8s.io/nvidia-device-plugin_uuid"  # as NVIDIA's device plugin names its annotation
 
 
 @pytest.mark.parametrize("annotations,env,expected", [
@@ -48,6 +50,23 @@ UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
     # gpu-uuid alone asks for that one GPU
     ({"hami.io/gpu-uuid": UUID_A}, [], dict(count=1, use_uuids=(UUID_A,))),
     ({"nvidia.com/gpu-uuid": UUID_B}, [], dict(count=1, use_uuids=(UUID_B,))),
+    # MIG instances by GPU:MIG index or UUID; CDI names, bare names' equals
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0:1,1:0"], dict(count=2, use_mig_indices=("0:1", "1:0"), use_indices=())),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=1,00:02"], dict(count=2, use_indices=(1,), use_mig_indices=("0:2",))),
+    ({}, [f"NVIDIA_VISIBLE_DEVICES={MIG_A}"], dict(count=1, use_uuids=(MIG_A,))),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0,nvidia.com/gpu=1"], dict(count=2, use_indices=(0, 1))),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"], dict(count=None, source="env")),
+    ({}, [f"NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu={UUID_A}", "HAMI_GPUMEM=100"],
+     dict(count=1, use_uuids=(UUID_A,), mem_mib=100)),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0:1"], dict(count=1, use_mig_indices=("0:1",))),
+    ({CDI: f"nvidia.com/gpu={UUID_A}"}, [], dict(count=1, use_uuids=(UUID_A,), source="annotations")),
+    ({CDI: f"nvidia.com/gpu={UUID_A},nvidia.com/gpu={UUID_B}", "hami.io/gpumem": "1000"}, [],
+     dict(count=2, use_uuids=(UUID_A, UUID_B), mem_mib=1000)),
+    ({"cdi.k8s.io/a": "nvidia.com/gpu=all", "hami.io/gpucores": "20"}, [], dict(count=None, cores=20)),
+    ({"cdi.k8s.io/a": "nvidia.com/gpu=0:1"}, ["NVIDIA_VISIBLE_DEVICES=all"], dict(use_mig_indices=("0:1",))),
+    ({"cdi.k8s.io/a": "vendor.com/net=eth0", "cdi.k8s.io/b": "nvidia.com/gpu=1"}, [], dict(use_indices=(1,))),
+    # another vendor's CDI devices are the engine's
+    ({"cdi.k8s.io/net": "vendor.com/net=eth0"}, [], None),
     # keys that only shape a request ask for nothing by themselves
     ({"hami.io/priority": "0"}, [], None),
     ({"hami.io/core-policy": "force"}, [], None),
@@ -116,6 +135,18 @@ def test_env_requests_can_be_turned_off():
     ({}, ["NVIDIA_VISIBLE_DEVICES=0", "HAMI_GPUMEM=1.5"], "HAMI_GPUMEM", "1.5"),
     ({}, ["NVIDIA_VISIBLE_DEVICES=none", "HAMI_GPUMEM=5"], "HAMI_GPUMEM", "5"),
     ({}, ["HAMI_GPUMEM=5", "HAMI_GPUMEM_PERCENTAGE=5"], "HAMI_GPUMEM_PERCENTAGE", "5"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=vendor.com/gpu=0"], "NVIDIA_VISIBLE_DEVICES", "vendor.com/gpu=0"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=zero"], "NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu=zero"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=all,0"], "NVIDIA_VISIBLE_DEVICES", "all,0"),
+    ({}, [f"NVIDIA_VISIBLE_DEVICES=0:1,{MIG_A}"], "NVIDIA_VISIBLE_DEVICES", f"0:1,{MIG_A}"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0:1,0:01"], "NVIDIA_VISIBLE_DEVICES", "0:1,0:01"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0:x"], "NVIDIA_VISIBLE_DEVICES", "0:x"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=0:1:2"], "NVIDIA_VISIBLE_DEVICES", "0:1:2"),
+    ({}, ["NVIDIA_VISIBLE_DEVICES=2000"], "NVIDIA_VISIBLE_DEVICES", "2000"),
+    ({CDI: "nvidia.com/gpu=0", "hami.io/gpu-uuid": UUID_A}, [], CDI, "nvidia.com/gpu=0"),
+    ({CDI: "nvidia.com/gpu=0,nvidia.com/gpu=1", "hami.io/gpu": "1"}, [], "hami.io/gpu", "1"),
+    ({"cdi.k8s.io/a": "nvidia.com/gpu=0", "cdi.k8s.io/b": "nvidia.com/gpu=1"}, [], "cdi.k8s.io/b", None),
+    ({CDI: "nvidia.com/gpu=GPU 1"}, [], CDI, "nvidia.com/gpu=GPU 1"),
     # numbers are plain ASCII digits, nothing around them
     ({"hami.io/gpumem": "100\n"}, [], "hami.io/gpumem", "100\n"),
     ({"hami.io/gpumem": " 100"}, [], "hami.io/gpumem", " 100"),
@@ -143,7 +174,7 @@ def test_refuses_naming_key_and_value(annotations, env, key, value):
     {"hami.io/gpu": "1", "hami.io/core-policy": "max"}, {"nvidia.com/gpu": "x"},
     {"hami.io/vgpu-devices-allocated": "GPU-a,AMD,1,1:"}, {"hami.io/gpumem": "100\n"},
     {"hami.io/gpu": " 1"}, {"hami.io/gpu-uuid": "GPU-a\n"},
-    {"hami.io/gpu": "1", "hami.io/oversubscribe": "yes"},
+    {"hami.io/gpu": "1", "hami.io/oversubscribe": "yes"}, {CDI: "nvidia.com/gpu=GPU 1"},
 ])
 def test_schema_refuses_what_the_parser_refuses(annotations):
     with pytest.raises(jsonschema.ValidationError):
