@@ -4,7 +4,8 @@ SIM_ROOT := $(abspath $(BUILD))/sim
 
 sim: $(BUILD)/sim/hami.toml $(BUILD)/runtime-tests/cuda_alloc
 
-# The host has no nvidia driver: majors come from this /proc/devices stand-in.
+# The host has no nvidia driver: majors come from this /proc/devices stand-in, the
+# nvidia-caps minors of MIG instances from this mig-minors one (the driver's format).
 # GPU containers get the simulator's state dir and HAMI_SIM_STATE through the
 # general extra_mounts / extra_env settings, as any node-specific need would.
 $(BUILD)/sim/hami.toml: mk/runtime.mk

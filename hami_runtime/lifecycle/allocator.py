@@ -197,6 +197,7 @@ def _check_named(request, gpus: list[GpuInfo]) -> None:
             instances = ", ".join(g.name for g in gpus if g.parent == gpu.uuid) or "none made yet"
             raise HamiError(key, name, f"GPU {gpu.index} is in MIG mode: name one of its MIG "
                             f"instances ({instances})")
+        # sizes as written: the node's defaults and visible_devices_alone pass an instance by
         sizes = [k for k in request.keys if k in ENV_KEYS or k.partition("/")[2] in SIZE_KEYS]
         if gpu.is_mig and sizes:
             raise HamiError(key, name, f"MIG instance {gpu.name} is given whole (its memory and SMs are "

@@ -122,6 +122,11 @@ def plan(annotations: dict[str, str], env: Iterable[str], env_requests: bool, co
                             "this container is in none (its spec has no io.kubernetes.cri.container-name "
                             "or io.kubernetes.container.name)")
         return Plan(ALONE, requests.parse(annotations, env, env_requests, core_policy))
+    cdi = requests.cdi_devices(annotations)
+    if cdi is not None:
+        # A device plugin's CDI annotation is this container's own: it names its GPUs.
+        return Plan(NAMED, requests.parse(annotations, env, env_requests, core_policy, member.name),
+                    why=f"its GPUs named by {cdi[0]}")
     if not names.names() and not any(k in found for k in REQUEST_KEYS):
         # No request on the pod for its containers: the container's own env, as always.
         return Plan(ALONE, requests.parse(annotations, env, env_requests, core_policy))

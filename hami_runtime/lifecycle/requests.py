@@ -61,10 +61,6 @@ class GpuRequest(NamedTuple):
             return "NVIDIA_VISIBLE_DEVICES"
         return next((k for k in self.keys if is_cdi_key(k)), self.key_for("gpu-uuid"))
 
-    def names_mig(self) -> bool:
-        """Whether it names a MIG instance (which is given whole)."""
-        return bool(self.use_mig_indices) or any(u[:4].upper() == "MIG-" for u in self.use_uuids)
-
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.keys.items()) or self.source
 
@@ -285,7 +281,7 @@ def _cdi_args(found: dict[str, tuple[str, str]], key: str, value: str,
     for other in ("gpu-uuid", "vgpu-devices-allocated"):
         if other in found:
             raise HamiError(key, value, f"conflicts with {found[other][0]}: the GPUs are named twice")
-    if "gpu" in found and found["gpu"][1] != str(named.count):
+    if "gpu" in found and number(*found["gpu"], 1, MAX_GPUS) != named.count:
         raise HamiError(*found["gpu"], f"conflicts with {key}, which names {named.count or 'all'} GPU(s)")
     return {"keys": {**{k: v for k, v in found.values()}, key: value}, **_named_args(named)}
 
@@ -344,7 +340,7 @@ def for_visible_devices_alone(asked: GpuRequest | None, policy: str, split_count
         return asked
     if policy == "none":
         return None
-    if policy == "whole" or default_memory_mib or asked.names_mig():  # a MIG instance is given whole
+    if policy == "whole" or default_memory_mib:
         return asked
     return asked._replace(mem_percentage=max(1, 100 // split_count))
 

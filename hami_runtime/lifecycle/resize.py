@@ -130,6 +130,11 @@ def resize(entry: Mapping, change: Change, caps: Mapping[str, Capacity],
             raise HamiError("container", entry["id"], f"holds {_gpu(d)}, which this node no "
                             "longer has: run hamictl doctor")
         other = held.get(d["uuid"], Usage())
+        sized = change.mem_mib is not None or change.mem_percentage is not None or change.cores is not None
+        if sized and d["uuid"][:4].upper() == "MIG-":
+            option, value = _memory_option(change) if change.cores is None else ("--gpucores", str(change.cores))
+            raise HamiError(option, value, f"{_gpu(d)} is a MIG instance, given whole: its memory and "
+                            "SMs are the hardware's partition")
         if change.mem_mib is not None or change.mem_percentage is not None:
             option, value = _memory_option(change)
             new = wanted_mib(change, cap)

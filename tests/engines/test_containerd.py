@@ -24,6 +24,7 @@ def test_dropin_defines_the_hami_handler(containerd, hami):
     handler = plugins["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["hami"]
     assert handler["runtime_type"] == "io.containerd.runc.v2"
     assert handler["pod_annotations"] == ["hami.io/*", "nvidia.com/*", "*.hami.io/*"]
+    assert handler["container_annotations"] == ["cdi.k8s.io/*"]
     assert handler["options"]["BinaryName"] == str(hami.wrapper)
     assert plugins["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"] == "runc"
     # The CRI plugin took the drop-in (it refuses to load on a bad runtime entry).

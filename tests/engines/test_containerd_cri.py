@@ -73,11 +73,12 @@ def pod_sandbox_config(cri, annotations, name):
             namespace_options=m.NamespaceOption(network=m.NODE, pid=m.CONTAINER))))
 
 
-def container_config(cri, name, command, attempt=0):
+def container_config(cri, name, command, attempt=0, annotations=None):
     m = cri.messages
     return m.ContainerConfig(metadata=m.ContainerMetadata(name=name, attempt=attempt),
                              image=m.ImageSpec(image=IMAGE), command=command[:1], args=command[1:],
-                             log_path=f"{name}_{attempt}.log" if attempt else f"{name}.log")
+                             log_path=f"{name}_{attempt}.log" if attempt else f"{name}.log",
+                             annotations=annotations or {})
 
 
 def wait_exited(cri, cid, timeout=60):
@@ -155,9 +156,10 @@ class KubeletPod:
         self.sandbox = cri.call("RunPodSandbox", config=self.config, runtime_handler="hami").pod_sandbox_id
         self.ids = {}
 
-    def start(self, name, command, attempt=0):
+    def start(self, name, command, attempt=0, annotations=None):
         cid = self.cri.call("CreateContainer", pod_sandbox_id=self.sandbox, sandbox_config=self.config,
-                            config=container_config(self.cri, name, command, attempt)).container_id
+                            config=container_config(self.cri, name, command, attempt, annotations)
+                            ).container_id
         self.cri.call("StartContainer", container_id=cid)
         self.ids[name] = cid
         return cid
@@ -269,3 +271,18 @@ def test_cri_container_restarted_in_place(containerd, cri, hami):
         wait_for(lambda: held(hami) == {}, 15, "the stopped container's slice to go")
         assert hami.pods() != {}   # the pod lives on, it remembers its container
     hami.assert_nothing_allocated()  # and with the pod gone, its record too
+
+
+def test_cri_device_plugin_cdi_annotation_names_the_gpu(containerd, cri, hami):
+    """A device plugin's Allocate answer as the kubelet passes it: a CDI annotation on
+    the container (through the example's container_annotations) names GPU 1; the pod's
+    hami.io/gpumem sizes it."""
+    gpu = hami.gpu_uuids()
+    plugin = {"cdi.k8s.io/nvidia-device-plugin_uuid": f"nvidia.com/gpu={gpu[1]}"}
+    with kubelet_pod(containerd, cri, {"hami.io/gpumem": "1024"}, "cdi-pod") as pod:
+        app = pod.start("app", [PROBE, "fill"], annotations=plugin)
+        assert wait_exited(cri, app).exit_code == 0, pod.log("app")
+        filled_to_the_limit(pod.log("app"), 1024)
+        assert re.search(rf"{app} \(container app of pod default/cdi-pod\): allocated GPU 1 1024MiB 0% "
+                         r"\(its GPUs named by cdi.k8s.io/nvidia-device-plugin_uuid\)", hami.log.read_text())
+    hami.assert_nothing_allocated()

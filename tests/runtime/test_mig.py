@@ -83,14 +83,15 @@ def test_an_instance_is_one_containers(mig_node):
 
 @pytest.mark.parametrize("env,annotations,expected", [
     # a request that names no instance never lands on one, nor on a GPU in MIG mode
-    (["NVIDIA_VISIBLE_DEVICES=all", "HAMI_GPUMEM=1000"], None, ["0"]),
-    ([], {"hami.io/gpu": "1", "hami.io/gpumem": "1000"}, ["0"]),
-    (["NVIDIA_VISIBLE_DEVICES=0,1:0"], None, ["0", "1:0"]),
+    (["NVIDIA_VISIBLE_DEVICES=all", "HAMI_GPUMEM=1000"], None, [("0", 1000)]),
+    ([], {"hami.io/gpu": "1", "hami.io/gpumem": "1000"}, [("0", 1000)]),
+    # no size: the node's slice of a GPU (visible_devices_alone), an instance whole
+    (["NVIDIA_VISIBLE_DEVICES=0,1:0"], None, [("0", 1638), ("1:0", 4096)]),
 ])
-def test_unnamed_requests_get_whole_gpus(mig_node, env, annotations, expected):
+def test_requests_get_gpus_and_named_instances(mig_node, env, annotations, expected):
     names = {row["uuid"]: name for name, row in devices(mig_node).items()}
     assert mig_node.create("c", mig_node.bundle("c", annotations, env=env, args=("true",))).returncode == 0
-    assert [names[d["uuid"]] for d in mig_node.allocations()["c"]["devices"]] == expected
+    assert [(names[d["uuid"]], d["mem_mib"]) for d in mig_node.allocations()["c"]["devices"]] == expected
 
 
 @pytest.mark.parametrize("env,text", [
@@ -118,3 +119,14 @@ def test_a_node_without_the_caps_major_refuses_an_instance(mig_node, tmp_path):
     assert mig_node.allocations() == {} and (bundle / "config.json").read_bytes() == before
     # a whole GPU needs no caps
     assert mig_node.create("whole", mig_node.bundle("whole", env=["NVIDIA_VISIBLE_DEVICES=0"])).returncode == 0
+
+
+@pytest.mark.parametrize("options", [("--gpumem", "1000"), ("--gpucores", "30")])
+def test_an_instance_cannot_be_resized(mig_node, options):
+    assert mig_node.create("held", mig_node.bundle("held", env=["NVIDIA_VISIBLE_DEVICES=1:0"])).returncode == 0
+    before = mig_node.allocations()["held"]["devices"]
+    proc = mig_node.hamictl("update", "held", *options)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert f"hamictl: {options[0]}='{options[1]}': GPU 1 (MIG-" in proc.stderr
+    assert "is a MIG instance, given whole" in proc.stderr
+    assert mig_node.allocations()["held"]["devices"] == before

@@ -84,6 +84,12 @@ TWO_AND_EMPTY = decision([(UUID_A, 1024, 30)], [], [(UUID_B, 2048, 0)])
      "keys of their own for app"),
     ({"hami.io/containers": "app,eval", "eval.hami.io/gpumem": "512", "hami.io/gpumem": "1024"},
      "eval", "named", dict(mem_mib=512)),
+    # a device plugin's CDI annotation is the container's own: it names its GPUs, the pod's keys size them
+    ({"cdi.k8s.io/nvidia-device-plugin_uuid": f"nvidia.com/gpu={UUID_B}", "hami.io/gpumem": "1024"}, "app",
+     "named", dict(use_uuids=(UUID_B,), mem_mib=1024)),
+    ({"cdi.k8s.io/x": f"nvidia.com/gpu={UUID_A}", "hami.io/gpumem": "1024", "hami.io/containers": "other"},
+     "app", "named", dict(use_uuids=(UUID_A,))),
+    ({"cdi.k8s.io/x": "vendor.com/nic=0", "hami.io/gpumem": "1024"}, "app", "pod", dict(mem_mib=1024)),
     # HAMi's decision: one entry, the pod's slice; several, by order or by the list
     ({"hami.io/vgpu-devices-allocated": decision([(UUID_A, 1024, 30)])}, "app", "pod",
      dict(assigned=((UUID_A, 1024, 30),))),
