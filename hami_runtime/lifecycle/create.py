@@ -336,6 +336,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
     except BaseException:
         store.discard(cfg.state_dir, name, entry["creator"])
         raise
+    names = {gpu.uuid: gpu.name for gpu in gpus}  # "1", or "1:0" for a MIG instance
     log.write(cfg, "info", f"{who}: allocated " + ", ".join(
-        f"GPU {g.index} {g.mem_mib}MiB {g.cores}%" for g in grants) + (f" ({how})" if how else ""))
+        f"GPU {names[g.uuid]} {g.mem_mib}MiB {g.cores}%" for g in grants) + (f" ({how})" if how else ""))
     return True

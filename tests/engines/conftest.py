@@ -105,12 +105,17 @@ class Hami:
             return {}
         return {e["id"]: e for e in data.get("allocations", {}).values()}
 
+    def devices(self) -> List[dict]:
+        """The simulated GPUs (and MIG instances), as `hamictl gpus` lists them with this config."""
+        shared = self.state_dir.parent / "sim-shared"
+        env = {**os.environ, "HAMI_CONFIG": str(self.config), "HAMI_SIM_STATE": str(shared / "gpu.state")}
+        if (shared / "sim.conf").exists():
+            env["HAMI_SIM_CONFIG"] = str(shared / "sim.conf")
+        listed = run([VENV_BIN / "hamictl", "gpus", "--json"], check=True, timeout=60, env=env)
+        return json.loads(listed.stdout)
+
     def gpu_uuids(self) -> List[str]:
-        """The simulated GPUs' UUIDs, as hamictl lists them with this config."""
-        listed = run([VENV_BIN / "hamictl", "gpus", "--json"], check=True, timeout=60,
-                     env={**os.environ, "HAMI_CONFIG": str(self.config),
-                          "HAMI_SIM_STATE": str(self.state_dir.parent / "sim-shared" / "gpu.state")})
-        return [gpu["uuid"] for gpu in json.loads(listed.stdout)]
+        return [gpu["uuid"] for gpu in self.devices()]
 
     def pods(self) -> dict:
         """The allocator's records of Kubernetes pods (pod_ledger.py), by key."""
@@ -133,13 +138,13 @@ class Hami:
             wait_for(lambda: self.pods() == {}, 15, "the removed pod's record to go")
 
 
-@pytest.fixture(scope="session")
-def hami(tmp_path_factory) -> Hami:
-    """A config for the simulated GPU with this session's own state and sim state."""
+def make_hami(root: Path, **sim) -> Hami:
+    """A config for the simulated GPU with its own state and sim state under root;
+    `sim`: keys of the simulated driver's config (tests/simgpu/README.md), for the
+    runtime and the containers alike."""
     for needed in (LIBVGPU, SIM / "hami.toml", SIM / "lib" / "libcuda.so.1"):
         if not needed.exists():
             pytest.fail(f"{needed} is missing: run `make build sim` first")
-    root = tmp_path_factory.mktemp("hami")
     state_dir, sim_shared = root / "state", root / "sim-shared"
     state_dir.mkdir()
     sim_shared.mkdir()
@@ -148,14 +153,24 @@ def hami(tmp_path_factory) -> Hami:
     text, n_state = re.subn(r'(?m)^state_dir = .*$', f'state_dir = "{state_dir}"', text)
     text, n_shared = re.subn(r'(?m)^source = "[^"]*/shared"$', f'source = "{sim_shared}"', text)
     assert (n_state, n_shared) == (1, 1), "build/sim/hami.toml changed shape"
+    sim_env = ""
+    if sim:
+        (sim_shared / "sim.conf").write_text("".join(f"{k} = {v}\n" for k, v in sim.items()))
+        text = text.replace("[extra_env]\n", '[extra_env]\nHAMI_SIM_CONFIG = "/run/hami-sim/sim.conf"\n')
+        sim_env = f'HAMI_SIM_CONFIG="{sim_shared / "sim.conf"}" '
     # The runtime's own log: what it did with each container (the pod tests read it).
     config = root / "hami.toml"
     config.write_text(f'log_file = "{root / "hami.log"}"\nlog_level = "info"\n' + text)
     wrapper = root / "bin" / "hami-runtime"
     wrapper.parent.mkdir()
-    wrapper.write_text(f'#!/bin/sh\nHAMI_CONFIG="{config}" exec "{VENV_BIN / "hami-runtime"}" "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\n{sim_env}HAMI_CONFIG="{config}" exec "{VENV_BIN / "hami-runtime"}" "$@"\n')
     wrapper.chmod(0o755)
     return Hami(config=config, state_dir=state_dir, wrapper=wrapper, log=root / "hami.log")
+
+
+@pytest.fixture(scope="session")
+def hami(tmp_path_factory) -> Hami:
+    return make_hami(tmp_path_factory.mktemp("hami"))
 
 
 @pytest.fixture(scope="session")

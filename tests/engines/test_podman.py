@@ -7,8 +7,8 @@ import urllib.request
 import pytest
 
 from hami_runtime.tools import metrics
-from tests.engines.conftest import (IMAGE, MiB, PROBE, VENV_BIN, Daemon, filled_to_the_limit, need,
-                                    run, wait_for)
+from tests.engines.conftest import (IMAGE, MiB, PROBE, VENV_BIN, Daemon, filled_to_the_limit, make_hami,
+                                    need, run, wait_for)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -109,3 +109,25 @@ def test_live_view_sees_the_container(podman, hami):
         podman("rm", "--force", "--time", "0", name, check=True)
     wait_for(lambda: hami.allocations() == {}, 10, "the allocation to be released")
     hami.assert_nothing_allocated()
+
+
+def test_mig_instances_by_env_and_cdi_annotation(podman, tmp_path):
+    """A node whose GPU 1 is in MIG mode (its own runtime config, given by path): an
+    instance named in the env or by a device plugin's CDI annotation gets its GPU's
+    node and its nvidia-caps nodes, whole; the GPU itself is not given."""
+    mig = make_hami(tmp_path, mig="1:4096,1:8192")
+    found = {row["name"]: row for row in mig.devices()}
+    listing = "ls /dev | grep -E '^nvidia([0-9]+|ctl)$'; ls /dev/nvidia-caps | wc -l"
+    for asked in (["--env", "NVIDIA_VISIBLE_DEVICES=1:0"],
+                  ["--annotation", f"cdi.k8s.io/nvidia-device-plugin_uuid=nvidia.com/gpu={found['1:1']['uuid']}"]):
+        result = podman("run", "--rm", "--runtime", mig.wrapper, "--network", "none", *asked, IMAGE,
+                        "/bin/sh", "-c", listing)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["nvidia1", "nvidiactl", "2"], result.stdout
+    log = mig.log.read_text()
+    assert "allocated GPU 1:0 4096MiB 0%" in log and "allocated GPU 1:1 8192MiB 0%" in log
+    refused = podman("run", "--rm", "--runtime", mig.wrapper, "--network", "none", "--env",
+                     "NVIDIA_VISIBLE_DEVICES=1", IMAGE, "true")
+    assert refused.returncode != 0 and "GPU 1 is in MIG mode: name one of its MIG instances (1:0, 1:1)" in \
+        refused.stderr, refused.stderr
+    mig.assert_nothing_allocated()
