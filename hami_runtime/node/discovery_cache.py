@@ -102,7 +102,8 @@ def _base_key(cfg) -> dict:
 def gpus_key(cfg, nvml_path: str) -> dict:
     return dict(_base_key(cfg), nvml_library=cfg.nvml_library,
                 nvml_file=_file_id(nvml_path) if nvml_path else None,
-                kernel_gpus=_kernel_gpus(), mig_instances=_mig_instances(), device_nodes=_device_nodes(cfg.dev_root))
+                kernel_gpus=_kernel_gpus(), mig_instances=_mig_instances(),
+                device_nodes=_device_nodes(cfg.dev_root))
 
 
 def driver_files_key(cfg) -> dict:

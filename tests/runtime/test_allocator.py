@@ -118,6 +118,7 @@ def run_mig(annotations, env=(), entries=(), **kw):
     ({}, ["NVIDIA_VISIBLE_DEVICES=MIG-b"], {"default_memory_mib": 1000, "default_cores": 20},
      [("MIG-b", 40192, 0)]),
     ({"cdi.k8s.io/p": "nvidia.com/gpu=1:1,nvidia.com/gpu=1:0"}, [], {}, [("MIG-a", 9984, 0), ("MIG-b", 40192, 0)]),
+    ({"hami.io/gpu-uuid": "MIG-b"}, [], {}, [("MIG-b", 40192, 0)]),
     ({}, ["NVIDIA_VISIBLE_DEVICES=0,1:1"], {}, [("GPU-0", 40960, 0), ("MIG-b", 40192, 0)]),
     # not named: never a MIG instance, never a GPU in MIG mode
     ({"hami.io/gpu": "1", "hami.io/gpumem": "5"}, [], {}, [("GPU-0", 5, 0)]),

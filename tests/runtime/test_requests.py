@@ -143,6 +143,7 @@ def test_env_requests_can_be_turned_off():
     ({}, ["NVIDIA_VISIBLE_DEVICES=0:x"], "NVIDIA_VISIBLE_DEVICES", "0:x"),
     ({}, ["NVIDIA_VISIBLE_DEVICES=0:1:2"], "NVIDIA_VISIBLE_DEVICES", "0:1:2"),
     ({}, ["NVIDIA_VISIBLE_DEVICES=2000"], "NVIDIA_VISIBLE_DEVICES", "2000"),
+    ({}, [f"NVIDIA_VISIBLE_DEVICES=MIG-{UUID_A}/1/0"], "NVIDIA_VISIBLE_DEVICES", f"MIG-{UUID_A}/1/0"),
     ({CDI: "nvidia.com/gpu=0", "hami.io/gpu-uuid": UUID_A}, [], CDI, "nvidia.com/gpu=0"),
     ({CDI: "nvidia.com/gpu=0,nvidia.com/gpu=1", "hami.io/gpu": "1"}, [], "hami.io/gpu", "1"),
     ({"cdi.k8s.io/a": "nvidia.com/gpu=0", "cdi.k8s.io/b": "nvidia.com/gpu=1"}, [], "cdi.k8s.io/b", None),

@@ -497,7 +497,8 @@ nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMi
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+/* A MIG instance's GPU or compute instance id; a GPU's handle has neither. */
+static nvmlReturn_t instance_id(nvmlDevice_t device, unsigned int *id, int compute)
 {
     REQUIRE_INIT();
     const struct sim_mig *mig = mig_of(device);
@@ -505,18 +506,13 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!mig)
         return device_of(device) < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
-    *id = (unsigned)mig->gpu_instance;
+    *id = (unsigned)(compute ? mig->compute_instance : mig->gpu_instance);
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) { return instance_id(device, id, 0); }
+
 nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
 {
-    REQUIRE_INIT();
-    const struct sim_mig *mig = mig_of(device);
-    if (!id)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!mig)
-        return device_of(device) < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
-    *id = (unsigned)mig->compute_instance;
-    return NVML_SUCCESS;
+    return instance_id(device, id, 1);
 }
