@@ -19,6 +19,11 @@ root_key = _whole(r"[0-9a-f]{16}")
 dns_label = _whole(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # a Kubernetes container name
 
 
+def mig_uuid(value: str) -> bool:
+    """A MIG instance's UUID, as NVML writes it (MIG-<uuid>)."""
+    return gpu_uuid(value) and value[:4].upper() == "MIG-"
+
+
 def dns_subdomain(value: str) -> bool:
     """Dot-separated labels, at most 253 characters (pod names)."""
     return 0 < len(value) <= 253 and all(dns_label(part) for part in value.split("."))

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ..errors import HamiError
+from ..names import mig_uuid
 from ..node.gpu import GpuInfo
 from .request_keys import ENV_KEYS
 
@@ -101,10 +102,10 @@ def _named(request, gpu: GpuInfo) -> bool:
 
 def _matches(request, gpu: GpuInfo) -> bool:
     model = gpu.model.lower()
-    if gpu.mig_mode or (gpu.is_mig and not _named(request, gpu)):
+    names_devices = request.use_uuids or request.use_indices or request.use_mig_indices
+    if gpu.mig_mode or ((gpu.is_mig or names_devices) and not _named(request, gpu)):
         return False  # MIG instances only when named, and never their GPU
-    if (request.use_uuids or request.use_indices or request.use_mig_indices) and not _named(request, gpu):
-        return False
+
     if gpu.uuid in request.avoid_uuids:
         return False
     if request.use_types and not any(t in model for t in request.use_types):
@@ -187,18 +188,18 @@ def _check_named(request, gpus: list[GpuInfo]) -> None:
     whole (no size asked), a GPU only while it is not in MIG mode."""
     key = request.naming_key()
     by_name = {g.uuid: g for g in gpus} | {g.name: g for g in gpus}
+    # sizes as written: the node's defaults and visible_devices_alone pass an instance by
+    sizes = [k for k in request.keys if k in ENV_KEYS or k.partition("/")[2] in SIZE_KEYS]
     for name in (*request.use_uuids, *map(str, request.use_indices), *request.use_mig_indices):
         gpu = by_name.get(name)
         if gpu is None:
-            device = "MIG instance" if ":" in name or name[:4].upper() == "MIG-" else "GPU"
+            device = "MIG instance" if ":" in name or mig_uuid(name) else "GPU"
             what = "index" if name[:1].isdigit() else "UUID"
             raise HamiError(key, name, f"no {device} with this {what} on this node")
         if gpu.mig_mode:
             instances = ", ".join(g.name for g in gpus if g.parent == gpu.uuid) or "none made yet"
             raise HamiError(key, name, f"GPU {gpu.index} is in MIG mode: name one of its MIG "
                             f"instances ({instances})")
-        # sizes as written: the node's defaults and visible_devices_alone pass an instance by
-        sizes = [k for k in request.keys if k in ENV_KEYS or k.partition("/")[2] in SIZE_KEYS]
         if gpu.is_mig and sizes:
             raise HamiError(key, name, f"MIG instance {gpu.name} is given whole (its memory and SMs are "
                             f"the hardware's partition): ask no {', '.join(sizes)} with it")

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ..errors import HamiError
-from ..names import number as digits
+from ..names import mig_uuid, number as digits
 from ..policies import CORE_POLICIES
 from . import state_layout
 from .allocator import Capacity, Usage, usage, wanted_mib
@@ -130,12 +130,13 @@ def resize(entry: Mapping, change: Change, caps: Mapping[str, Capacity],
             raise HamiError("container", entry["id"], f"holds {_gpu(d)}, which this node no "
                             "longer has: run hamictl doctor")
         other = held.get(d["uuid"], Usage())
-        sized = change.mem_mib is not None or change.mem_percentage is not None or change.cores is not None
-        if sized and d["uuid"][:4].upper() == "MIG-":
-            option, value = _memory_option(change) if change.cores is None else ("--gpucores", str(change.cores))
+        memory = change.mem_mib is not None or change.mem_percentage is not None
+        if mig_uuid(d["uuid"]) and (memory or change.cores is not None):
+            option, value = (("--gpucores", str(change.cores)) if change.cores is not None
+                             else _memory_option(change))
             raise HamiError(option, value, f"{_gpu(d)} is a MIG instance, given whole: its memory and "
                             "SMs are the hardware's partition")
-        if change.mem_mib is not None or change.mem_percentage is not None:
+        if memory:
             option, value = _memory_option(change)
             new = wanted_mib(change, cap)
             if new > d["mem_mib"]:

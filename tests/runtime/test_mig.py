@@ -130,3 +130,23 @@ def test_an_instance_cannot_be_resized(mig_node, options):
     assert f"hamictl: {options[0]}='{options[1]}': GPU 1 (MIG-" in proc.stderr
     assert "is a MIG instance, given whole" in proc.stderr
     assert mig_node.allocations()["held"]["devices"] == before
+
+
+def test_a_tenant_reaches_no_other_instance_nor_gpu(mig_node):
+    """Root in a container holding 1:0, with CAP_MKNOD as the engines give it: nodes it
+    makes for the other instance's caps or for GPU 0 cannot be opened (the device
+    cgroup); its own open as far as the driver (the host has none here: ENXIO)."""
+    own, other = caps_nodes(1, 1), caps_nodes(1, 2)
+    probes = [(n, 236, int(n[len("nvidia-cap"):])) for n in own + other] + [("gpu0", 195, 0)]
+    script = "; ".join(f"mknod /tmp/{n} c {major} {minor}; cat /tmp/{n} >/dev/null 2>/tmp/e; "
+                       f"echo {n}: $(cat /tmp/e)" for n, major, minor in probes)
+    bundle = mig_node.bundle("tenant", env=["NVIDIA_VISIBLE_DEVICES=1:0"], args=("sh", "-c", script))
+    spec = json.loads((bundle / "config.json").read_text())
+    for kind in spec["process"]["capabilities"].values():
+        kind.append("CAP_MKNOD")
+    (bundle / "config.json").write_text(json.dumps(spec))
+    proc = mig_node.runtime("run", "--bundle", str(bundle), "tenant")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
+    assert all(seen[n].endswith("No such device or address") for n in own), seen
+    assert all(seen[n].endswith("Operation not permitted") for n in other + ["gpu0"]), seen
