@@ -39,6 +39,8 @@ STRUCTS = {
     "CUmemPoolProps": ["allocType", "handleTypes", "location", "win32SecurityAttributes",
                        "maxSize", "usage", "reserved"],
     "CUlaunchAttribute": ["id", "value"],
+    "CUDA_MEM_ALLOC_NODE_PARAMS": ["poolProps", "accessDescs", "accessDescCount", "bytesize", "dptr"],
+    "CUDA_GRAPH_INSTANTIATE_PARAMS": ["flags", "hUploadStream", "hErrNode_out", "result_out"],
     "CUlaunchConfig": ["gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ",
                        "sharedMemBytes", "hStream", "attrs", "numAttrs"],
 }
@@ -50,6 +52,10 @@ CONSTANTS = [
     "CU_AD_FORMAT_HALF", "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT",
     "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED", "CU_LAUNCH_ATTRIBUTE_COOPERATIVE",
     "CU_MEM_ATTACH_GLOBAL", "CU_MEM_ALLOC_GRANULARITY_MINIMUM",
+    "CU_STREAM_CAPTURE_STATUS_ACTIVE", "CU_STREAM_CAPTURE_STATUS_INVALIDATED",
+    "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL", "CU_STREAM_CAPTURE_MODE_RELAXED",
+    "CU_GRAPH_NODE_TYPE_MEMSET", "CU_GRAPH_NODE_TYPE_EVENT_RECORD", "CU_GRAPH_NODE_TYPE_MEM_ALLOC",
+    "CU_GRAPH_NODE_TYPE_MEM_FREE",
 ]
 
 
