@@ -42,14 +42,25 @@ $(BUILD)/runtime-tests/cuda_alloc: tests/runtime/cuda_alloc.c libvgpu_src/cuda_a
 	$(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -Ilibvgpu_src -o $@ $< \
 		-L$(BUILD)/sim/lib -l:libcuda.so.1
 
-# The launcher: passthrough subcommands exec runc with no interpreter start;
-# create/run/delete run the Python runtime of this tree's virtual environment.
+# The launcher: passthrough subcommands exec runc with no interpreter start, and
+# so do create/run of a spec that surely asks for no GPU; other creates and
+# delete's release run the Python runtime of this tree's virtual environment.
 # Python starts without site processing, this tree and the venv's
-# site-packages put on its path (HAMI_PYTHONPATH, ':'-separated).
+# site-packages put on its path (HAMI_PYTHONPATH, ':'-separated). What the
+# launcher looks for in a spec is the Python side's, written as a header.
 build: $(BUILD)/hami-runtime
-LAUNCHER_SRC := hami_runtime/launcher/hami-runtime.c hami_runtime/launcher/hook.c
-LAUNCHER_CC := $(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden
-$(BUILD)/hami-runtime: $(LAUNCHER_SRC) hami_runtime/launcher/hook.h | $(VENV)/.installed
+LAUNCHER_SRC := hami_runtime/launcher/hami-runtime.c hami_runtime/launcher/hook.c \
+	hami_runtime/launcher/ids.c hami_runtime/launcher/spec_scan.c
+LAUNCHER_HDR := hami_runtime/launcher/hook.h hami_runtime/launcher/ids.h hami_runtime/launcher/spec_scan.h
+LAUNCHER_KEYS := $(BUILD)/launcher/spec_keys.h
+LAUNCHER_CC := $(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden \
+	-I$(abspath $(BUILD))/launcher
+$(LAUNCHER_KEYS): hami_runtime/lifecycle/launcher_keys.py hami_runtime/lifecycle/request_keys.py \
+		hami_runtime/lifecycle/docker_gpus.py | $(VENV)/.installed
+	@mkdir -p $(dir $@)
+	$(PY) -I -c 'import sys; sys.path.insert(0, "."); \
+		from hami_runtime.lifecycle import launcher_keys; launcher_keys.main(sys.argv[1:])' $@
+$(BUILD)/hami-runtime: $(LAUNCHER_SRC) $(LAUNCHER_HDR) $(LAUNCHER_KEYS) | $(VENV)/.installed
 	@mkdir -p $(dir $@)
 	@pypath="$(abspath .):$$($(PY) -I -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
 	case "$$pypath" in *"'"*|*'"'*|*'\'*) echo "hami-runtime: unusable path for the launcher: $$pypath" >&2; exit 1;; esac; \

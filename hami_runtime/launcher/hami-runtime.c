@@ -30,6 +30,8 @@
 #include <unistd.h>
 
 #include "hook.h"
+#include "ids.h"
+#include "spec_scan.h"
 
 #ifndef HAMI_PYTHON
 #define HAMI_PYTHON "/usr/bin/python3"
@@ -60,14 +62,13 @@ static int is_bool_flag(const char *name, size_t len)
     return 0;
 }
 
-/* The subcommand, or NULL when there is none or a flag is not runc's. */
-static const char *subcommand(int argc, char **argv, int *unknown_flag)
+/* The subcommand's index in argv, or 0 when there is none or a flag is not runc's. */
+static int subcommand(int argc, char **argv)
 {
-    *unknown_flag = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (arg[0] != '-' || strcmp(arg, "-") == 0 || strcmp(arg, "--") == 0)
-            return arg;
+            return i;
         const char *name = arg + (arg[1] == '-' ? 2 : 1);
         const char *eq = strchr(name, '=');
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
@@ -75,11 +76,70 @@ static const char *subcommand(int argc, char **argv, int *unknown_flag)
             if (!eq)
                 i++;
         } else if (!is_bool_flag(name, len)) {
-            *unknown_flag = 1;
-            return NULL;
+            return 0;
         }
     }
-    return NULL;
+    return 0;
+}
+
+/* The index of name (len bytes) in a NULL-ended list, or -1. */
+static int index_of(const char *name, size_t len, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && strncmp(names[i], name, len) == 0)
+            return i;
+    return -1;
+}
+
+/*
+ * The bundle and the container id of a create or run whose flags after the
+ * subcommand (at argv[at]) are all runc's, each at most once, with exactly one
+ * argument, the id (hami_runtime/argv.py reads them the same way; urfave/cli
+ * takes flags after the id too). -1 for anything else: the Python runtime reads it.
+ */
+static int create_args(int argc, char **argv, int at, const char **bundle, const char **id)
+{
+    /* bundle and b first: either names the bundle */
+    static const char *const value_flags[] = {"bundle", "b", "console-socket", "pid-file",
+                                              "preserve-fds", "pidfd-socket", NULL};
+    static const char *const bool_flags[] = {"no-pivot", "no-new-keyring", "detach", "d", "keep",
+                                             "no-subreaper", NULL};
+    unsigned seen = 0;
+    *bundle = ".";
+    *id = NULL;
+    for (int i = at + 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (arg[0] != '-' || strcmp(arg, "-") == 0) {
+            if (*id)
+                return -1;
+            *id = arg;
+            continue;
+        }
+        if (strncmp(arg, "---", 3) == 0 || strcmp(arg, "--") == 0)
+            return -1;
+        const char *name = arg + (arg[1] == '-' ? 2 : 1);
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        int k = index_of(name, len, value_flags);
+        if (k >= 0) {
+            if (!eq && i + 1 >= argc)
+                return -1;
+            const char *value = eq ? eq + 1 : argv[++i];
+            if (k <= 1)
+                *bundle = value;
+        } else if ((k = index_of(name, len, bool_flags)) >= 0 && !eq) {
+            k += 16;
+        } else {
+            return -1;
+        }
+        if (seen & (1u << k))
+            return -1;
+        seen |= 1u << k;
+    }
+    /* --bundle and -b both, or an empty bundle: leave it to Python */
+    if (!*id || (seen & 3u) == 3u || !**bundle)
+        return -1;
+    return 0;
 }
 
 #ifdef HAMI_PYTHONPATH
@@ -257,8 +317,8 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], HOOK_SUBCOMMAND) == 0)
         return hook_main(argc - 2, argv + 2);
-    int unknown_flag;
-    const char *cmd = subcommand(argc, argv, &unknown_flag);
+    int at = subcommand(argc, argv);
+    const char *cmd = at ? argv[at] : NULL;
     if (cmd && !strcmp(cmd, "delete")) {
         const char *runtime = find_runtime();
         if (!runtime)
@@ -266,6 +326,13 @@ int main(int argc, char **argv)
         return delete_then_release(runtime, argv);
     }
     if (cmd && (!strcmp(cmd, "create") || !strcmp(cmd, "run"))) {
+        /* A spec that surely asks for no GPU: runc at once, as Python would exec it. */
+        const char *bundle, *id, *runtime;
+        if (create_args(argc, argv, at, &bundle, &id) == 0 && valid_container_id(id) &&
+            spec_asks_nothing(bundle) && (runtime = find_runtime()) != NULL) {
+            argv[0] = (char *)runtime;
+            execv(runtime, argv);
+        }
         char exe[PATH_MAX];
         if (realpath("/proc/self/exe", exe))
             setenv(LAUNCHER_ENV, exe, 1); /* the createRuntime hook can be this program */

@@ -13,6 +13,7 @@
  * transaction (runc removes the container's state before poststop).
  */
 #include "hook.h"
+#include "ids.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +25,6 @@
 #include <unistd.h>
 
 #define MAX_STATE (1024 * 1024)
-#define MAX_ID 1024
 
 static int fail(const char *message, const char *detail)
 {
@@ -146,21 +146,6 @@ static int parse_state(const char *text, size_t len, char *id, size_t id_size, l
     return have_id ? 0 : -2;
 }
 
-/* The rule of hami_runtime/ids.py: [A-Za-z0-9][A-Za-z0-9_.+-]{0,1023}, no "..". */
-static int valid_id(const char *id)
-{
-    size_t n = strlen(id);
-    if (n == 0 || n > MAX_ID || strstr(id, ".."))
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = id[i];
-        int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-        if (!alnum && (i == 0 || !strchr("_.+-", c)))
-            return 0;
-    }
-    return 1;
-}
-
 /* The root key: 16 lowercase hex digits (hami_runtime/lifecycle/store.py root_key). */
 static int valid_root_key(const char *key)
 {
@@ -253,7 +238,7 @@ int hook_main(int argc, char **argv)
         return fail("stdin: not an OCI state document", NULL);
     if (parsed == -2)
         return fail("container id", "missing container id");
-    if (!valid_id(id)) {
+    if (!valid_container_id(id)) {
         fprintf(stderr, "hami-hook: container id='%s': must be letters, digits, '_', '.', '+', '-'"
                         " (no path parts)\n", id);
         return 1;
