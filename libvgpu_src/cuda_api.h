@@ -915,4 +915,49 @@ CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffs
                             size_t memOffset, size_t size, unsigned long long flags);
 CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset, size_t size);
 
+/* stream capture: dependencies; graphs: more node kinds, dependencies, executable updates */
+#ifndef HAMI_CHECK_AGAINST_CUDA_H
+typedef struct CUDA_HOST_NODE_PARAMS_v1_st {
+    CUhostFn fn;
+    void *userData;
+} CUDA_HOST_NODE_PARAMS;
+typedef enum CUgraphExecUpdateResult_enum {
+    CU_GRAPH_EXEC_UPDATE_SUCCESS = 0x0, CU_GRAPH_EXEC_UPDATE_ERROR = 0x1,
+    CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 0x2, CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED = 0x3,
+    CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED = 0x4, CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED = 0x5,
+    CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED = 0x6, CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE = 0x7,
+    CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED = 0x8
+} CUgraphExecUpdateResult;
+typedef struct CUgraphExecUpdateResultInfo_st {
+    CUgraphExecUpdateResult result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+#endif
+HAMI_DECLARE_PTSZ(CUresult, cuStreamUpdateCaptureDependencies, ptsz,
+                  (CUstream hStream, CUgraphNode *dependencies, size_t numDependencies, unsigned int flags))
+HAMI_DECLARE_PTSZ(CUresult, cuStreamUpdateCaptureDependencies_v2, ptsz,
+                  (CUstream hStream, CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData,
+                   size_t numDependencies, unsigned int flags))
+CUresult cuGraphNodeGetDependencies(CUgraphNode hNode, CUgraphNode *dependencies, size_t *numDependencies);
+CUresult cuGraphNodeGetDependencies_v2(CUgraphNode hNode, CUgraphNode *dependencies, CUgraphEdgeData *edgeData,
+                                       size_t *numDependencies);
+CUresult cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                             size_t numDependencies);
+CUresult cuGraphAddHostNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                            size_t numDependencies, const CUDA_HOST_NODE_PARAMS *nodeParams);
+CUresult cuGraphHostNodeGetParams(CUgraphNode hNode, CUDA_HOST_NODE_PARAMS *nodeParams);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                  size_t numDependencies, CUgraph childGraph);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph);
+CUresult cuGraphAddEventRecordNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                   size_t numDependencies, CUevent event);
+CUresult cuGraphAddEventWaitNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                 size_t numDependencies, CUevent event);
+CUresult cuGraphEventRecordNodeGetEvent(CUgraphNode hNode, CUevent *event_out);
+CUresult cuGraphEventWaitNodeGetEvent(CUgraphNode hNode, CUevent *event_out);
+CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out,
+                           CUgraphExecUpdateResult *updateResult_out);
+CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo);
+
 #endif /* HAMI_CUDA_API_H */

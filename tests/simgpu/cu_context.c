@@ -389,6 +389,8 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
     struct sim_ctx *c;
     CUresult rc = named_or_current(ctx, &c);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_capture_ctx_call(c);
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_ctx_sync(c);

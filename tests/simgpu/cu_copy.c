@@ -35,9 +35,16 @@ static void run_copy(void *arg)
 static CUresult enqueue(CUstream stream, struct copy op, int stage)
 {
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(stream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(stream, &s, &capturing);
     if (rc != CUDA_SUCCESS || !op.len)
         return rc;
+    if (capturing) {                     /* a memcpy or memset node: a host source is read at replay */
+        struct sim_node_desc d = {.type = op.fill ? CU_GRAPH_NODE_TYPE_MEMSET : CU_GRAPH_NODE_TYPE_MEMCPY,
+                                  .dst = (uintptr_t)op.dst, .src = (uintptr_t)op.src, .width = op.len,
+                                  .height = 1, .value = op.value, .elem = 1};
+        return sim_capture_add(s, &d);
+    }
     struct copy *c = malloc(sizeof *c + (stage ? op.len : 0));
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -93,6 +100,8 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t By
         return rc;
     if (!sim_device_range_ok(dstDevice, ByteCount) || !sim_device_range_ok(srcDevice, ByteCount))
         return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = sim_capture_sync_call(ctx)) != CUDA_SUCCESS)
+        return rc;
     sim_ctx_sync(ctx);
     if (ByteCount)
         memmove((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
@@ -183,15 +192,22 @@ static CUresult copy2d(const CUDA_MEMCPY2D *p, CUstream stream, int async)
     struct copy2d op = {dst, src, p->dstPitch, p->srcPitch, p->WidthInBytes, p->Height};
     if (!async) {                        /* as on the legacy stream: the context's queued work first */
         struct sim_ctx *ctx;
-        if ((rc = sim_ctx_current_checked(&ctx)) != CUDA_SUCCESS)
+        if ((rc = sim_ctx_current_checked(&ctx)) != CUDA_SUCCESS || (rc = sim_capture_sync_call(ctx)) != CUDA_SUCCESS)
             return rc;
         sim_ctx_sync(ctx);
         copy_rows(&op);
         return CUDA_SUCCESS;
     }
     struct sim_stream *s;
-    if ((rc = sim_stream_resolve(stream, &s)) != CUDA_SUCCESS)
+    int capturing;
+    if ((rc = sim_stream_op(stream, &s, &capturing)) != CUDA_SUCCESS)
         return rc;
+    if (capturing) {
+        struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_MEMCPY, .dst = (uintptr_t)dst, .src = (uintptr_t)src,
+                                  .width = p->WidthInBytes, .height = p->Height, .dst_pitch = p->dstPitch,
+                                  .src_pitch = p->srcPitch};
+        return sim_capture_add(s, &d);
+    }
     size_t staged = src_host ? p->WidthInBytes * p->Height : 0;
     struct copy2d *c = malloc(sizeof *c + staged);
     if (!c)

@@ -315,7 +315,8 @@ static CUresult launch(const struct launch *l)
     if (threads > 1024)
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(l->stream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(l->stream, &s, &capturing);
     if (rc != CUDA_SUCCESS)
         return rc;
     if (l->cooperative) {
@@ -330,6 +331,12 @@ static CUresult launch(const struct launch *l)
                      &dur_us);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (capturing) {                     /* a kernel node instead */
+        struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .dur_us = dur_us, .func = l->f,
+                                  .grid = {l->grid[0], l->grid[1], l->grid[2]},
+                                  .block = {l->block[0], l->block[1], l->block[2]}};
+        return sim_capture_add(s, &d);
+    }
     sim_stream_enqueue_kernel(s, dur_us);
     return CUDA_SUCCESS;
 }

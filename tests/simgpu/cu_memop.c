@@ -111,9 +111,12 @@ static CUresult batch(CUstream stream, unsigned count, const CUstreamBatchMemOpP
 {
     SIM_REQUIRE_INIT();
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(stream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(stream, &s, &capturing);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (capturing)                       /* batch memory operation nodes are not simulated */
+        return sim_capture_refuse(s, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     if (flags || !count || !ops || count > 256)
         return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < count; i++)  /* all or nothing: check them all first */

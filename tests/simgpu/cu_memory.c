@@ -127,10 +127,13 @@ struct sim_alloc *sim_alloc_containing(uintptr_t addr, size_t len)
     return sim_handle_find(SIM_KIND_ALLOC, contains, &r);
 }
 
+/* cuMemAlloc and cuMemFree are "potentially unsafe" during capture (cuThreadExchangeStreamCaptureMode). */
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     struct sim_ctx *ctx;
     CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_capture_unsafe_call();
     if (rc != CUDA_SUCCESS)
         return rc;
     if (!dptr || bytesize == 0)
@@ -143,6 +146,8 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 {
     struct sim_ctx *ctx;
     CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_capture_unsafe_call();
     if (rc != CUDA_SUCCESS)
         return rc;
     if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0 ||
@@ -182,9 +187,12 @@ CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation l
 {
     SIM_REQUIRE_INIT();
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(hStream, &s, &capturing);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (capturing)                       /* prefetch nodes are not simulated */
+        return sim_capture_refuse(s, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     struct sim_alloc *a = count ? sim_alloc_containing((uintptr_t)devPtr, count) : NULL;
     int to_device = location.type == CU_MEM_LOCATION_TYPE_DEVICE && location.id >= 0 &&
                     location.id < sim_config()->visible;
@@ -205,11 +213,16 @@ SIM_PER_THREAD(cuMemPrefetchAsync_v2, ptsz)
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     SIM_REQUIRE_INIT();
+    CUresult rc = sim_capture_unsafe_call();
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (dptr == 0)
         return CUDA_SUCCESS;
     struct sim_alloc *a = sim_handle_get((uintptr_t)dptr, SIM_KIND_ALLOC);
     if (!a)
         return CUDA_ERROR_INVALID_VALUE;
+    if (a->graph)
+        return sim_graph_mem_free(a->graph);
     if (a->pool)
         return sim_pool_free(a, NULL);
     if (!sim_handle_take((uintptr_t)dptr, SIM_KIND_ALLOC))
@@ -277,6 +290,8 @@ static CUresult device_range(CUdeviceptr ptr, size_t len, struct sim_ctx **ctx)
         return CUDA_SUCCESS;
     if (!sim_alloc_containing((uintptr_t)ptr, len) && !sim_vmm_accessible((uintptr_t)ptr, len))
         return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = sim_capture_sync_call(*ctx)) != CUDA_SUCCESS)
+        return rc;
     sim_ctx_sync(*ctx);
     return CUDA_SUCCESS;
 }
@@ -364,6 +379,8 @@ CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
     struct sim_ctx *ctx;
     CUresult rc = sim_ctx_current_checked(&ctx);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_capture_sync_call(ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_ctx_sync(ctx);
@@ -372,19 +389,30 @@ CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 
 /* Stream-ordered copies and fills: the stream's earlier work finishes first, then the bytes move
  * before the call returns (as the driver does for pageable host memory). */
-static CUresult stream_ready(CUstream hStream)
+/* In a capturing stream, *node is filled in as the node it becomes (and nothing waits). */
+static CUresult stream_ready(CUstream hStream, struct sim_node_desc *node)
 {
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(hStream, &s, &capturing);
+    if (rc == CUDA_SUCCESS && capturing)
+        return sim_capture_add(s, node);
     if (rc == CUDA_SUCCESS)
         sim_stream_wait_idle(s);
+    node->type = CU_GRAPH_NODE_TYPE_EMPTY;  /* not captured: the caller does the work */
     return rc;
 }
 
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {
-    CUresult rc = stream_ready(hStream);
-    return rc == CUDA_SUCCESS ? copy_checked((uintptr_t)dst, (uintptr_t)src, ByteCount) : rc;
+    if (ByteCount && (!dst || !src))
+        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_MEMCPY, .dst = dst, .src = src, .width = ByteCount,
+                              .height = 1};
+    CUresult rc = stream_ready(hStream, &d);
+    if (rc != CUDA_SUCCESS || d.type == CU_GRAPH_NODE_TYPE_MEMCPY)
+        return rc;
+    return copy_checked((uintptr_t)dst, (uintptr_t)src, ByteCount);
 }
 
 static void fill(uintptr_t dst, const void *value, size_t width, size_t n)
@@ -412,8 +440,11 @@ static CUresult memset_async(CUdeviceptr dst, const void *value, size_t width, s
     SIM_REQUIRE_INIT();
     if (n > SIZE_MAX / width || dst % width || !device_addr_ok((uintptr_t)dst, n * width))
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = stream_ready(hStream);
-    if (rc == CUDA_SUCCESS)
+    struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_MEMSET, .dst = dst, .width = n, .height = 1,
+                              .elem = (unsigned)width};
+    memcpy(&d.value, value, width);
+    CUresult rc = stream_ready(hStream, &d);
+    if (rc == CUDA_SUCCESS && d.type == CU_GRAPH_NODE_TYPE_EMPTY)
         fill((uintptr_t)dst, value, width, n);
     return rc;
 }

@@ -257,15 +257,26 @@ CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUme
     return rc != CUDA_SUCCESS ? rc : cuDeviceSetMemPool(dev, pool);
 }
 
+/* In a capture, a memory allocation node: the address the graph's allocation will have, no
+ * memory taken now (it is the graph's, mapped at upload or launch). */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct sim_pool *p, CUstream hStream)
 {
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(hStream, &s, &capturing);
     if (rc != CUDA_SUCCESS)
         return rc;
     if (!dptr || bytesize == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+        return capturing ? sim_capture_refuse(s, CUDA_ERROR_INVALID_VALUE) : CUDA_ERROR_INVALID_VALUE;
     struct sim_ctx *ctx = sim_stream_ctx(s);
+    if (capturing) {
+        struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .bytes = bytesize,
+                                  .dev = p ? p->dev : ctx->dev};
+        rc = sim_capture_add(s, &d);
+        if (rc == CUDA_SUCCESS)
+            *dptr = d.dptr;
+        return rc;
+    }
     if (!p && !(p = current_pool_of(ctx->dev)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     return pool_alloc(p, bytesize, ctx, dptr);
@@ -297,15 +308,23 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
 
 static void release_plain(void *arg) { sim_alloc_release(arg); }
 
+/* In a capture, a memory free node, which only a graph allocation may have. */
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(hStream, &s, &capturing);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (capturing) {
+        struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .dptr = dptr};
+        return sim_capture_add(s, &d);
+    }
     struct sim_alloc *a = sim_handle_get((uintptr_t)dptr, SIM_KIND_ALLOC);
     if (!a)
         return CUDA_ERROR_INVALID_VALUE;
+    if (a->graph)
+        return sim_graph_mem_free(a->graph);
     if (!a->pool) {
         /* memory from cuMemAlloc may be freed in stream order too */
         if (!sim_handle_take(a->base, SIM_KIND_ALLOC))

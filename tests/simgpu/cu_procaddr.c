@@ -230,6 +230,27 @@
     X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, NULL) \
     X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 11040, NULL) \
     X(cuDeviceSetGraphMemAttribute, cuDeviceSetGraphMemAttribute, 11040, NULL) \
+    X(cuStreamUpdateCaptureDependencies, cuStreamUpdateCaptureDependencies, 11030, cuStreamUpdateCaptureDependencies_ptsz) \
+    X(cuStreamUpdateCaptureDependencies, cuStreamUpdateCaptureDependencies_v2, 12030, cuStreamUpdateCaptureDependencies_v2_ptsz) \
+    X(cuGraphNodeGetDependencies, cuGraphNodeGetDependencies, 10000, NULL) \
+    X(cuGraphNodeGetDependencies, cuGraphNodeGetDependencies_v2, 12030, NULL) \
+    X(cuGraphAddEmptyNode, cuGraphAddEmptyNode, 10000, NULL) \
+    X(cuGraphAddHostNode, cuGraphAddHostNode, 10000, NULL) \
+    X(cuGraphHostNodeGetParams, cuGraphHostNodeGetParams, 10000, NULL) \
+    X(cuGraphAddChildGraphNode, cuGraphAddChildGraphNode, 10000, NULL) \
+    X(cuGraphChildGraphNodeGetGraph, cuGraphChildGraphNodeGetGraph, 10000, NULL) \
+    X(cuGraphAddEventRecordNode, cuGraphAddEventRecordNode, 11010, NULL) \
+    X(cuGraphAddEventWaitNode, cuGraphAddEventWaitNode, 11010, NULL) \
+    X(cuGraphEventRecordNodeGetEvent, cuGraphEventRecordNodeGetEvent, 11010, NULL) \
+    X(cuGraphEventWaitNodeGetEvent, cuGraphEventWaitNodeGetEvent, 11010, NULL) \
+    X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 11040, NULL) \
+    X(cuGraphMemAllocNodeGetParams, cuGraphMemAllocNodeGetParams, 11040, NULL) \
+    X(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, 11040, NULL) \
+    X(cuGraphMemFreeNodeGetParams, cuGraphMemFreeNodeGetParams, 11040, NULL) \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams_ptsz) \
+    X(cuGraphUpload, cuGraphUpload, 11010, cuGraphUpload_ptsz) \
+    X(cuGraphExecUpdate, cuGraphExecUpdate, 10020, NULL) \
+    X(cuGraphExecUpdate, cuGraphExecUpdate_v2, 12000, NULL) \
     X(cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyAvailableDynamicSMemPerBlock, 10020, NULL) \
     X(cuOccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters, 11070, NULL) \
     X(cuOccupancyMaxPotentialClusterSize, cuOccupancyMaxPotentialClusterSize, 11070, NULL) \

@@ -1,11 +1,23 @@
-/* Driver API: streams and events. Each stream has a worker thread that runs its
- * operations in order; a kernel books its duration on the device timeline shared
- * by all processes and the worker sleeps until it ends. The legacy and the
- * per-thread default stream are one stream per context here. */
+/* Driver API: streams, events and stream capture. Each stream has a worker thread that
+ * runs its operations in order; a kernel books its duration on the device timeline shared
+ * by all processes and the worker sleeps until it ends. The legacy and the per-thread
+ * default stream are one stream per context here.
+ *
+ * Capture follows the driver's documented rules (cuda.h, the programming guide's "Stream
+ * Capture", "Prohibited and Unhandled Operations" and "Invalidation"): while a stream
+ * captures, what is queued on it becomes graph nodes (cu_graph.c) instead of running;
+ * an event recorded there is a captured event and a stream that waits on it joins the
+ * capture (fork), its work coming back to the origin stream through another event (join).
+ * An illegal operation returns its error and invalidates the capture(s) concerned; the
+ * origin stream then ends the capture with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and a NULL
+ * graph. Not simulated: capturing the per-thread default stream (the legacy and per-thread
+ * streams are one stream here), cuStreamBeginCaptureToGraph, stream memory operations and
+ * prefetches inside a capture. */
 #include "sim.h"
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 enum op_type { OP_KERNEL, OP_CALL };
@@ -30,7 +42,29 @@ struct sim_stream {
     int has_worker, stop;
     pthread_t worker;
     struct sim_stream *next;              /* all streams of the process */
+    /* capture state, under cap_lock */
+    struct sim_capture *cap;              /* the capture the stream is in (origin or joined) */
+    struct sim_graph_node **deps;         /* what its next captured node depends on */
+    size_t ndeps, deps_size;
+    unsigned char *edges;                 /* zeroed CUgraphEdgeData for cuStreamGetCaptureInfo_v3 */
+    size_t edges_size;
 };
+
+struct sim_capture {
+    uint64_t id;                          /* unique in the process, never 0 */
+    CUstreamCaptureMode mode;
+    pthread_t thread;                     /* the thread that began it */
+    struct sim_stream *origin;
+    struct sim_graph *graph;
+    int invalidated;
+    struct sim_capture *next;
+};
+
+/* Lock order: cap_lock, then streams_lock, then a stream's m or events_lock. */
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_capture *captures;
+static _Atomic int open_captures;         /* lets every call skip cap_lock when nothing captures */
+static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 static struct sim_stream *streams;
 static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -107,8 +141,11 @@ void sim_stream_wait_idle(struct sim_stream *s)
     pthread_mutex_unlock(&s->m);
 }
 
+static void stream_leave_capture(struct sim_stream *s);
+
 void sim_stream_free(struct sim_stream *s)
 {
+    stream_leave_capture(s);
     pthread_mutex_lock(&streams_lock);
     for (struct sim_stream **p = &streams; *p; p = &(*p)->next)
         if (*p == s) {
@@ -125,6 +162,8 @@ void sim_stream_free(struct sim_stream *s)
         pthread_join(s->worker, NULL);
     pthread_mutex_destroy(&s->m);
     pthread_cond_destroy(&s->cv);
+    free(s->deps);
+    free(s->edges);
     free(s);
 }
 
@@ -215,6 +254,235 @@ CUresult sim_stream_resolve(CUstream h, struct sim_stream **out)
     return CUDA_SUCCESS;
 }
 
+/* ---- stream capture: the state every rule reads ---- */
+
+static int is_legacy(CUstream h) { return h == NULL || h == CU_STREAM_LEGACY; }
+
+static struct sim_capture *capture_by_id_locked(uint64_t id)
+{
+    for (struct sim_capture *c = id ? captures : NULL; c; c = c->next)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+static void set_deps_locked(struct sim_stream *s, struct sim_graph_node *const *deps, size_t n)
+{
+    if (n > s->deps_size) {
+        struct sim_graph_node **d = realloc(s->deps, n * sizeof *d);
+        if (!d)
+            abort();
+        s->deps = d;
+        s->deps_size = n;
+    }
+    if (n)
+        memmove(s->deps, deps, n * sizeof *deps);
+    s->ndeps = n;
+}
+
+static void add_deps_locked(struct sim_stream *s, struct sim_graph_node *const *deps, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < s->ndeps && s->deps[j] != deps[i])
+            j++;
+        if (j < s->ndeps)
+            continue;
+        if (s->ndeps == s->deps_size) {
+            size_t size = s->deps_size ? 2 * s->deps_size : 4;
+            struct sim_graph_node **d = realloc(s->deps, size * sizeof *d);
+            if (!d)
+                abort();
+            s->deps = d;
+            s->deps_size = size;
+        }
+        s->deps[s->ndeps++] = deps[i];
+    }
+}
+
+/* Invalidates every capture that has a blocking stream of ctx; returns how many
+ * (all: any stream of ctx, blocking or not). */
+static int invalidate_ctx_captures_locked(struct sim_ctx *ctx, int all)
+{
+    int hit = 0;
+    pthread_mutex_lock(&streams_lock);
+    for (struct sim_stream *s = streams; s; s = s->next)
+        if (s->cap && s->ctx == ctx && (all || !(s->flags & CU_STREAM_NON_BLOCKING))) {
+            s->cap->invalidated = 1;
+            hit++;
+        }
+    pthread_mutex_unlock(&streams_lock);
+    return hit;
+}
+
+static int ctx_blocking_capture_locked(struct sim_ctx *ctx)
+{
+    int hit = 0;
+    pthread_mutex_lock(&streams_lock);
+    for (struct sim_stream *s = streams; s && !hit; s = s->next)
+        hit = s->cap && s->ctx == ctx && !(s->flags & CU_STREAM_NON_BLOCKING);
+    pthread_mutex_unlock(&streams_lock);
+    return hit;
+}
+
+/* Takes every stream out of capture c and forgets it (the graph is the caller's). */
+static void end_capture_locked(struct sim_capture *c)
+{
+    pthread_mutex_lock(&streams_lock);
+    for (struct sim_stream *s = streams; s; s = s->next)
+        if (s->cap == c) {
+            s->cap = NULL;
+            s->ndeps = 0;
+        }
+    pthread_mutex_unlock(&streams_lock);
+    for (struct sim_capture **p = &captures; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    open_captures--;
+    free(c);
+}
+
+/* A stream that goes while it captures: a joined stream just leaves; the origin takes the
+ * whole capture with it (nothing could end it any more), its graph discarded. */
+static void stream_leave_capture(struct sim_stream *s)
+{
+    if (!open_captures)
+        return;
+    pthread_mutex_lock(&cap_lock);
+    struct sim_capture *c = s->cap;
+    if (c && c->origin == s) {
+        struct sim_graph *g = c->graph;
+        end_capture_locked(c);
+        sim_graph_free(g);
+    } else if (c) {
+        s->cap = NULL;
+        s->ndeps = 0;
+    }
+    pthread_mutex_unlock(&cap_lock);
+}
+
+CUresult sim_stream_op(CUstream h, struct sim_stream **out, int *capturing)
+{
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(h, &s);
+    *capturing = 0;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *out = s;
+    if (!open_captures)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&cap_lock);
+    if (is_legacy(h) && ctx_blocking_capture_locked(s->ctx)) {
+        /* the legacy stream would depend on the capturing streams: refused, and those
+         * captures invalidated (the guide's "Invalidation") */
+        invalidate_ctx_captures_locked(s->ctx, 0);
+        rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    } else if (s->cap) {
+        if (s->cap->invalidated)
+            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        else
+            *capturing = 1;
+    }
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
+}
+
+CUresult sim_capture_add(struct sim_stream *s, struct sim_node_desc *d)
+{
+    CUresult rc;
+    pthread_mutex_lock(&cap_lock);
+    struct sim_capture *c = s->cap;
+    if (!c)                               /* ended by another thread meanwhile */
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    else if (c->invalidated)
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    else {
+        struct sim_graph_node *n;
+        rc = sim_graph_add(c->graph, s->deps, s->ndeps, d, &n);
+        if (rc == CUDA_SUCCESS)
+            set_deps_locked(s, &n, 1);
+        else
+            c->invalidated = 1;
+    }
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
+}
+
+CUresult sim_capture_refuse(struct sim_stream *s, CUresult rc)
+{
+    pthread_mutex_lock(&cap_lock);
+    if (s->cap)
+        s->cap->invalidated = 1;
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
+}
+
+/* cuThreadExchangeStreamCaptureMode's rule: a thread whose mode is not RELAXED may not make a
+ * potentially unsafe call while it has a capture of its own not begun RELAXED, nor (mode
+ * GLOBAL) while another thread has a capture begun GLOBAL. Those captures are invalidated. */
+CUresult sim_capture_unsafe_call(void)
+{
+    if (!open_captures || capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    int hit = 0;
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&cap_lock);
+    for (struct sim_capture *c = captures; c; c = c->next) {
+        int mine = pthread_equal(c->thread, self);
+        if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!mine && capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            c->invalidated = 1;
+            hit = 1;
+        }
+    }
+    pthread_mutex_unlock(&cap_lock);
+    return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult sim_capture_sync_call(struct sim_ctx *ctx)
+{
+    CUresult rc = sim_capture_unsafe_call();
+    if (rc != CUDA_SUCCESS || !open_captures)
+        return rc;
+    pthread_mutex_lock(&cap_lock);
+    if (invalidate_ctx_captures_locked(ctx, 0))
+        rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;  /* synchronous work goes through the legacy stream */
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
+}
+
+CUresult sim_capture_ctx_call(struct sim_ctx *ctx)
+{
+    CUresult rc = sim_capture_unsafe_call();
+    if (rc != CUDA_SUCCESS || !open_captures)
+        return rc;
+    pthread_mutex_lock(&cap_lock);
+    if (invalidate_ctx_captures_locked(ctx, 1))
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  /* "a broader handle which encompasses an active capture" */
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
+}
+
+/* Synchronising or querying a stream: the unsafe-call rule; a capturing stream holds no work to
+ * wait for (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); the legacy stream would wait for capturing
+ * blocking streams (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). Either invalidates. */
+static CUresult stream_sync_rules(CUstream h, struct sim_stream *s)
+{
+    CUresult rc = sim_capture_unsafe_call();
+    if (rc != CUDA_SUCCESS || !open_captures)
+        return rc;
+    pthread_mutex_lock(&cap_lock);
+    if (s->cap) {
+        s->cap->invalidated = 1;
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else if (is_legacy(h) && invalidate_ctx_captures_locked(s->ctx, 0))
+        rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
+}
+
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
     struct sim_ctx *ctx;
@@ -233,6 +501,8 @@ CUresult cuStreamSynchronize(CUstream hStream)
 {
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS)
+        rc = stream_sync_rules(hStream, s);
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_stream_wait_idle(s);
@@ -246,6 +516,8 @@ CUresult cuStreamQuery(CUstream hStream)
 {
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS)
+        rc = stream_sync_rules(hStream, s);
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&s->m);
@@ -282,7 +554,10 @@ struct sim_record {
 
 struct sim_event {
     unsigned flags;
-    struct sim_record *latest;            /* NULL: never recorded */
+    struct sim_record *latest;            /* NULL: never recorded (or only in captures) */
+    uint64_t cap_id;                      /* last recorded in this capture (0: not); under cap_lock */
+    struct sim_graph_node **cap_deps;     /* what a stream waiting on it would depend on */
+    size_t ncap_deps;
 };
 
 static pthread_mutex_t events_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -340,6 +615,22 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     return CUDA_SUCCESS;
 }
 
+static void record_on(struct sim_event *ev, struct sim_stream *s)
+{
+    struct sim_record *r = calloc(1, sizeof *r);
+    if (!r)
+        abort();
+    r->refs = 2;                          /* the event's latest, the queued record */
+    pthread_mutex_lock(&events_lock);
+    record_unref_locked(ev->latest);
+    ev->latest = r;
+    pthread_mutex_unlock(&events_lock);
+    sim_stream_enqueue_call(s, event_reached, r);
+}
+
+/* In a capturing stream a record adds no node: the event then stands for the stream's current
+ * dependencies, for streams that wait on it (the guide's "Cross-stream Dependencies"). A record
+ * on a stream that does not capture makes the event an ordinary one again. */
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
     SIM_REQUIRE_INIT();
@@ -347,19 +638,66 @@ CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(hStream, &s, &capturing);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct sim_record *r = calloc(1, sizeof *r);
-    if (!r)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    r->refs = 2;                          /* the event's latest, the queued record */
-    pthread_mutex_lock(&events_lock);
-    record_unref_locked(ev->latest);
-    ev->latest = r;
-    pthread_mutex_unlock(&events_lock);
-    sim_stream_enqueue_call(s, event_reached, r);
+    if (capturing || ev->cap_id) {
+        pthread_mutex_lock(&cap_lock);
+        if (s->cap) {
+            struct sim_graph_node **d = s->ndeps ? malloc(s->ndeps * sizeof *d) : NULL;
+            if (s->ndeps && !d)
+                abort();
+            if (s->ndeps)
+                memcpy(d, s->deps, s->ndeps * sizeof *d);
+            free(ev->cap_deps);
+            ev->cap_deps = d;
+            ev->ncap_deps = s->ndeps;
+            ev->cap_id = s->cap->id;
+        } else
+            ev->cap_id = 0;
+        pthread_mutex_unlock(&cap_lock);
+        if (capturing)
+            return CUDA_SUCCESS;
+    }
+    record_on(ev, s);
     return CUDA_SUCCESS;
+}
+
+void sim_stream_enqueue_event_record(struct sim_stream *s, CUevent hEvent)
+{
+    struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
+    if (ev)                               /* an event destroyed since: nothing to record */
+        record_on(ev, s);
+}
+
+void sim_stream_enqueue_event_wait(struct sim_stream *s, CUevent hEvent)
+{
+    struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
+    if (!ev)
+        return;
+    pthread_mutex_lock(&events_lock);
+    struct sim_record *r = latest_record_locked(ev);
+    pthread_mutex_unlock(&events_lock);
+    if (r)
+        sim_stream_enqueue_call(s, wait_record, r);
+}
+
+/* Querying or waiting for an event last recorded in a capture is refused even in RELAXED mode
+ * (cuThreadExchangeStreamCaptureMode), and invalidates that capture. */
+static CUresult event_sync_rules(struct sim_event *ev)
+{
+    CUresult rc = sim_capture_unsafe_call();
+    if (rc != CUDA_SUCCESS || !open_captures)
+        return rc;
+    pthread_mutex_lock(&cap_lock);
+    struct sim_capture *c = capture_by_id_locked(ev->cap_id);
+    if (c) {
+        c->invalidated = 1;
+        rc = CUDA_ERROR_CAPTURED_EVENT;
+    }
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
 }
 
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return cuEventRecord(hEvent, hStream); }
@@ -370,6 +708,9 @@ CUresult cuEventQuery(CUevent hEvent)
     struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = event_sync_rules(ev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     pthread_mutex_lock(&events_lock);
     int done = !ev->latest || ev->latest->done;
     pthread_mutex_unlock(&events_lock);
@@ -382,6 +723,9 @@ CUresult cuEventSynchronize(CUevent hEvent)
     struct sim_event *ev = sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT);
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = event_sync_rules(ev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     pthread_mutex_lock(&events_lock);
     struct sim_record *r = latest_record_locked(ev);
     while (r && !r->done)
@@ -427,6 +771,7 @@ CUresult cuEventDestroy_v2(CUevent hEvent)
     pthread_mutex_lock(&events_lock);
     record_unref_locked(ev->latest);
     pthread_mutex_unlock(&events_lock);
+    free(ev->cap_deps);
     free(ev);
     return CUDA_SUCCESS;
 }
@@ -471,9 +816,42 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
     if (Flags & ~1u)  /* CU_EVENT_WAIT_EXTERNAL */
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(hStream, &s, &capturing);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (open_captures) {
+        int done = 1;
+        pthread_mutex_lock(&cap_lock);
+        struct sim_capture *c = capture_by_id_locked(ev->cap_id);
+        if (c && c->invalidated) {
+            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        } else if (c && s->cap == c) {
+            add_deps_locked(s, ev->cap_deps, ev->ncap_deps);      /* a join */
+        } else if (c && s->cap) {
+            c->invalidated = s->cap->invalidated = 1;             /* two captures would merge */
+            rc = CUDA_ERROR_STREAM_CAPTURE_MERGE;
+        } else if (c && is_legacy(hStream)) {
+            c->invalidated = 1;                                   /* the legacy stream cannot capture */
+            rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        } else if (c) {
+            s->cap = c;                                           /* a fork: the stream joins the capture */
+            set_deps_locked(s, ev->cap_deps, ev->ncap_deps);
+        } else if (s->cap && !(Flags & 1u)) {
+            /* "It is invalid to wait on a non-captured event from a stream which is being
+             * captured without specifying cudaEventWaitExternal" */
+            s->cap->invalidated = 1;
+            rc = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        } else
+            done = 0;
+        pthread_mutex_unlock(&cap_lock);
+        if (!done && s->cap) {                                    /* an external wait: a node */
+            struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_WAIT_EVENT, .event = hEvent};
+            return sim_capture_add(s, &d);
+        }
+        if (done)
+            return rc;
+    }
     pthread_mutex_lock(&events_lock);
     struct sim_record *r = latest_record_locked(ev);
     pthread_mutex_unlock(&events_lock);
@@ -486,6 +864,19 @@ CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int f
 {
     if (flags & ~1u)  /* CU_EVENT_RECORD_EXTERNAL */
         return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    if (flags && open_captures) {         /* captured as an event record node */
+        struct sim_stream *s;
+        int capturing;
+        CUresult rc = sim_stream_op(hStream, &s, &capturing);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        if (!sim_handle_get((uintptr_t)hEvent, SIM_KIND_EVENT))
+            return CUDA_ERROR_INVALID_HANDLE;
+        if (capturing) {
+            struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_EVENT_RECORD, .event = hEvent};
+            return sim_capture_add(s, &d);
+        }
+    }
     return cuEventRecord(hEvent, hStream);
 }
 
@@ -504,9 +895,16 @@ static void run_host_call(void *arg)
 static CUresult enqueue_host_call(CUstream hStream, CUstreamCallback callback, CUhostFn fn, void *user)
 {
     struct sim_stream *s;
-    CUresult rc = sim_stream_resolve(hStream, &s);
+    int capturing;
+    CUresult rc = sim_stream_op(hStream, &s, &capturing);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (capturing && callback)            /* legacy callbacks are not capturable; host functions are */
+        return sim_capture_refuse(s, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    if (capturing) {
+        struct sim_node_desc d = {.type = CU_GRAPH_NODE_TYPE_HOST, .fn = fn, .user = user};
+        return sim_capture_add(s, &d);
+    }
     struct host_call *c = malloc(sizeof *c);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -529,11 +927,8 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
     return enqueue_host_call(hStream, NULL, fn, userData);
 }
 
-/* Stream capture (graphs from streams) is not simulated: no stream is ever capturing. */
-STREAM_GETTER(cuStreamIsCapturing, CUstreamCaptureStatus, CU_STREAM_CAPTURE_STATUS_NONE)
+/* ---- stream capture: begin, end, queries ---- */
 
-/* Stream capture is not simulated: beginning one is refused on a valid stream, and no stream
- * can end one. */
 CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
     SIM_REQUIRE_INIT();
@@ -543,11 +938,59 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
         return rc;
     if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (is_legacy(hStream))               /* "Capture may not be initiated if stream is CU_STREAM_LEGACY" */
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (hStream == CU_STREAM_PER_THREAD)  /* one stream with the legacy one here: not simulated */
+        return CUDA_ERROR_NOT_SUPPORTED;
+    struct sim_capture *c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    static uint64_t next_id = 1;
+    pthread_mutex_lock(&cap_lock);
+    if (s->cap) {
+        /* "it may only be initiated if the stream is not already in capture mode" */
+        pthread_mutex_unlock(&cap_lock);
+        free(c);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    c->id = next_id++;
+    c->mode = mode;
+    c->thread = pthread_self();
+    c->origin = s;
+    c->graph = sim_graph_new();
+    c->next = captures;
+    captures = c;
+    open_captures++;
+    s->cap = c;
+    s->ndeps = 0;
+    pthread_mutex_unlock(&cap_lock);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuStreamBeginCapture(CUstream hStream) { return cuStreamBeginCapture_v2(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL); }
 
+/* Whether work of every stream that joined c reaches the origin stream's current position. */
+static int joined_locked(struct sim_capture *c)
+{
+    int ok = 1;
+    pthread_mutex_lock(&streams_lock);
+    for (struct sim_stream *s = streams; s && ok; s = s->next) {
+        if (s->cap != c || s == c->origin)
+            continue;
+        for (size_t i = 0; i < s->ndeps && ok; i++) {
+            int reached = 0;
+            for (size_t j = 0; j < c->origin->ndeps && !reached; j++)
+                reached = sim_graph_node_before(s->deps[i], c->origin->deps[j]);
+            ok = reached;
+        }
+    }
+    pthread_mutex_unlock(&streams_lock);
+    return ok;
+}
+
+/* Ending an invalidated or unjoined capture ends it all the same: the streams leave capture
+ * mode and the graph is NULL (the guide's "Invalidation"). A wrong stream or thread leaves it
+ * open but invalidated. */
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
     SIM_REQUIRE_INIT();
@@ -555,18 +998,85 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     CUresult rc = sim_stream_resolve(hStream, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    return phGraph ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_INVALID_VALUE;
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_graph *g = NULL, *discard = NULL;
+    pthread_mutex_lock(&cap_lock);
+    struct sim_capture *c = s->cap;
+    if (!c) {
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (c->origin != s) {
+        c->invalidated = 1;
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    } else if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(c->thread, pthread_self())) {
+        c->invalidated = 1;
+        rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    } else {
+        if (c->invalidated)
+            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        else if (!joined_locked(c))
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+        if (rc == CUDA_SUCCESS)
+            g = c->graph;
+        else
+            discard = c->graph;
+        end_capture_locked(c);
+    }
+    pthread_mutex_unlock(&cap_lock);
+    if (discard)
+        sim_graph_free(discard);
+    if (c && (rc == CUDA_SUCCESS || discard))
+        *phGraph = (CUgraph)g;
+    return rc;
 }
 
-/* The three generations of the capture query: never capturing, so nothing besides the status. */
+/* The three generations of the capture query. On the legacy stream while a blocking stream of
+ * its context captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the capture left valid (cuda.h). */
 CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
                                    CUgraph *graph_out, const CUgraphNode **dependencies_out,
                                    const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
 {
-    (void)id_out, (void)graph_out, (void)dependencies_out, (void)edgeData_out, (void)numDependencies_out;
-    if (!captureStatus_out)
-        return sim_cuda_initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return cuStreamIsCapturing(hStream, captureStatus_out);  /* the other outputs are set only while capturing */
+    SIM_REQUIRE_INIT();
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!captureStatus_out || (edgeData_out && !dependencies_out))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!open_captures) {
+        *captureStatus_out = CU_STREAM_CAPTURE_STATUS_NONE;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&cap_lock);
+    struct sim_capture *c = s->cap;
+    if (is_legacy(hStream) && ctx_blocking_capture_locked(s->ctx))
+        rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    else if (!c)
+        *captureStatus_out = CU_STREAM_CAPTURE_STATUS_NONE;
+    else if (c->invalidated)
+        *captureStatus_out = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    else {
+        *captureStatus_out = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        if (id_out)
+            *id_out = c->id;
+        if (graph_out)
+            *graph_out = (CUgraph)c->graph;
+        if (dependencies_out)
+            *dependencies_out = (const CUgraphNode *)s->deps;
+        if (edgeData_out) {               /* no edge carries data here: all zero (8 bytes each) */
+            if (s->ndeps * 8 > s->edges_size) {
+                free(s->edges);
+                if (!(s->edges = calloc(s->ndeps, 8)))
+                    abort();
+                s->edges_size = s->ndeps * 8;
+            }
+            *edgeData_out = (const CUgraphEdgeData *)s->edges;
+        }
+        if (numDependencies_out)
+            *numDependencies_out = s->ndeps;
+    }
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
 }
 
 CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
@@ -582,7 +1092,42 @@ CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *capture
     return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
 }
 
-static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    return cuStreamGetCaptureInfo_v3(hStream, captureStatus, NULL, NULL, NULL, NULL, NULL);
+}
+
+/* Flags: 0 adds to the stream's dependency set (CU_STREAM_ADD_CAPTURE_DEPENDENCIES), 1 replaces it. */
+CUresult cuStreamUpdateCaptureDependencies_v2(CUstream hStream, CUgraphNode *dependencies,
+                                              const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                              unsigned int flags)
+{
+    (void)dependencyData;
+    SIM_REQUIRE_INIT();
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(hStream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (flags > 1 || (numDependencies && !dependencies))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cap_lock);
+    if (!s->cap)
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    else if (s->cap->invalidated)
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    else if (flags == 1)
+        set_deps_locked(s, (struct sim_graph_node *const *)dependencies, numDependencies);
+    else
+        add_deps_locked(s, (struct sim_graph_node *const *)dependencies, numDependencies);
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
+}
+
+CUresult cuStreamUpdateCaptureDependencies(CUstream hStream, CUgraphNode *dependencies, size_t numDependencies,
+                                           unsigned int flags)
+{
+    return cuStreamUpdateCaptureDependencies_v2(hStream, dependencies, NULL, numDependencies, flags);
+}
 
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
@@ -610,3 +1155,5 @@ SIM_PER_THREAD(cuStreamBeginCapture_v2, ptsz)
 SIM_PER_THREAD(cuStreamEndCapture, ptsz)
 SIM_PER_THREAD(cuStreamGetCaptureInfo_v2, ptsz)
 SIM_PER_THREAD(cuStreamGetCaptureInfo_v3, ptsz)
+SIM_PER_THREAD(cuStreamUpdateCaptureDependencies, ptsz)
+SIM_PER_THREAD(cuStreamUpdateCaptureDependencies_v2, ptsz)

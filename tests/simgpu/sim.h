@@ -204,6 +204,7 @@ struct sim_alloc {
     int dev;
     struct sim_ctx *ctx;
     struct sim_pool *pool;               /* pool allocations */
+    struct sim_galloc *graph;            /* a graph allocation's address (cu_graph.c owns it) */
 };
 
 /* The per-thread-default-stream export of `name`: the same function, as the legacy and the
@@ -248,6 +249,58 @@ void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us);
 void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg);
 /* Whether the stream is being destroyed (an operation that waits on memory gives up then). */
 int sim_stream_stopping(struct sim_stream *s);
+/* ---- stream capture (cu_stream.c) and graphs (cu_graph.c) ----
+ * What a stream-ordered operation becomes while its stream captures: one graph node. */
+struct sim_graph;
+struct sim_graph_node;
+struct sim_node_desc {
+    CUgraphNodeType type;
+    uint64_t dur_us;                     /* kernel: its booked time */
+    CUfunction func;
+    unsigned grid[3], block[3], shared;
+    uintptr_t dst, src;                  /* memcpy (rows of width bytes), memset (elements of elem bytes) */
+    size_t width, height, dst_pitch, src_pitch;
+    unsigned value, elem;
+    CUhostFn fn;                         /* host */
+    void *user;
+    CUevent event;                       /* event record / wait */
+    struct sim_graph *child;             /* child graph (taken over by the node) */
+    size_t bytes;                        /* mem alloc: size; dev its device */
+    int dev;
+    CUdeviceptr dptr;                    /* mem alloc: the address made; mem free: the address */
+};
+/* An operation on a stream: resolves it and applies the capture rules. *capturing is 1 when the
+ * stream captures (add the node with sim_capture_add instead of queuing work), else 0. The
+ * legacy stream refuses work while a blocking stream of its context captures
+ * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT); an invalidated capture refuses everything. */
+CUresult sim_stream_op(CUstream h, struct sim_stream **out, int *capturing);
+/* Adds a node to the capture s is in (after the stream's current dependencies); a node the
+ * graph refuses invalidates the capture. */
+CUresult sim_capture_add(struct sim_stream *s, struct sim_node_desc *d);
+/* Invalidates the capture s is in (an operation it may not capture). */
+CUresult sim_capture_refuse(struct sim_stream *s, CUresult rc);
+/* The "potentially unsafe" calls (cuThreadExchangeStreamCaptureMode): refused with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the captures that forbid them. */
+CUresult sim_capture_unsafe_call(void);
+/* Synchronous work on the legacy stream of ctx (synchronous copies, memsets): the unsafe-call
+ * rule, then CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream of ctx captures. */
+CUresult sim_capture_sync_call(struct sim_ctx *ctx);
+/* cuCtxSynchronize: the unsafe-call rule, then CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED while any
+ * stream of ctx captures (those captures are invalidated). */
+CUresult sim_capture_ctx_call(struct sim_ctx *ctx);
+/* Replays an event record / wait on a stream (graph event nodes). */
+void sim_stream_enqueue_event_record(struct sim_stream *s, CUevent ev);
+void sim_stream_enqueue_event_wait(struct sim_stream *s, CUevent ev);
+/* cu_graph.c */
+struct sim_graph *sim_graph_new(void);            /* registered as a CUgraph handle */
+void sim_graph_free(struct sim_graph *g);         /* unregisters it */
+CUresult sim_graph_add(struct sim_graph *g, struct sim_graph_node *const *deps, size_t ndeps,
+                       struct sim_node_desc *d, struct sim_graph_node **out);
+/* Whether `a` is `b` or one of its ancestors. */
+int sim_graph_node_before(const struct sim_graph_node *a, const struct sim_graph_node *b);
+/* A graph allocation given back by cuMemFree / cuMemFreeAsync outside capture. */
+CUresult sim_graph_mem_free(struct sim_galloc *g);
+
 /* cu_vmm.c: whether [addr, addr+len) is mapped VMM memory with read/write access */
 int sim_vmm_accessible(uintptr_t addr, size_t len);
 /* cu_array.c */

@@ -235,10 +235,10 @@ def test_cuda13_forms_name_their_context_and_pool_location(run_py):
     ('c.rc("cuDeviceGetDevResource", 0, ctypes.create_string_buffer(256), 1)', NOT_SUPPORTED),
     ('c.rc("cuMulticastCreate", ctypes.byref(ctypes.c_uint64()), ctypes.create_string_buffer(64))', NOT_SUPPORTED),
     ('c.rc("cuCtxEnablePeerAccess", ctx, 0)', 101),      # its own device: CUDA_ERROR_INVALID_DEVICE
-    ('c.rc("cuStreamBeginCapture_v2", None, 0)', NOT_SUPPORTED),
+    ('c.rc("cuStreamBeginCapture_v2", None, 0)', 900),   # the legacy stream never captures: STREAM_CAPTURE_UNSUPPORTED
     ('c.rc("cuStreamEndCapture", None, ctypes.byref(ctypes.c_void_p()))', ILLEGAL_STATE),
     ('c.rc("cuLogsRegisterCallback", ctypes.CFUNCTYPE(None)(lambda: None), None, ctypes.byref(ctypes.c_void_p()))', 0),
-], ids=["green context", "SM resource", "multicast", "peer access", "capture", "end capture", "log callback"])
+], ids=["green context", "SM resource", "multicast", "peer access", "legacy capture", "end capture", "log callback"])
 def test_features_a_simulated_card_lacks_are_refused_as_a_driver_refuses_them(run_py, call, code):
     out = json.loads(run_py(f"""
         import json
