@@ -5,7 +5,8 @@ CUDA_DEVICE_MEMORY_LIMIT_0, CUDA_DEVICE_SM_LIMIT, PYTORCH_CUDA_ALLOC_CONF, ...) 
 was started with, or the container it runs in:
 
     python3 bench/gpu/torch_probe.py memory     # largest torch.empty, mem_get_info
-    python3 bench/gpu/torch_probe.py sm --seconds 10
+    python3 bench/gpu/torch_probe.py sm --seconds 10 [--profile]   # matmul rate; GPU time by the profiler
+    python3 bench/gpu/torch_probe.py graph --seconds 5 [--oversize-mib N]  # torch.cuda.graph capture + replay
     python3 bench/gpu/torch_probe.py init
     python3 bench/gpu/torch_probe.py spill --mib 4096 [--fill]   # cost of memory spilled to the host
     python3 bench/gpu/torch_probe.py info       # what torch.cuda sees
@@ -60,14 +61,51 @@ def memory(_args) -> dict:
     torch = _torch()
     torch.empty(1, device="cuda")  # creates the context
     free, total = torch.cuda.mem_get_info()
+    # What PyTorch holds reserved but unused at that moment (its cache: the native allocator's
+    # 2 MiB small-block segment, or cudaMallocAsync's pool, which the driver reserves by the
+    # granule): taken from the card, so not free to the driver (nor to libvgpu's view), and
+    # handed out again or given back (empty_cache trims the pool) before a large request fails.
+    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    torch.cuda.empty_cache()
+    free_emptied = torch.cuda.mem_get_info()[0]
     low, high = _largest(torch, total)
     return {
         "mem_get_info_total_mib": total / MIB,
         "mem_get_info_free_mib": free / MIB,
+        "allocator_cached_mib": cached / MIB,
+        "free_after_empty_cache_mib": free_emptied / MIB,
         "largest_ok_mib": low,
         "first_refused_mib": high,
         "allocator": torch.cuda.get_allocator_backend(),
     }
+
+
+def _kernel_busy(torch, run) -> dict:
+    """Runs `run()` under the profiler (CUPTI) and reads the kernels' own device time back from
+    its trace: busy % = their time / the span from the first kernel's start to the last's end."""
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        trace = json.loads(Path(path).read_text())
+    finally:
+        os.unlink(path)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    kernels = sorted((e["ts"], e["dur"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
+    if not kernels:
+        return {"profiled_kernels": 0, "busy_pct": None, "kernel_us_median": None}
+    span = max(ts + dur for ts, dur in kernels) - kernels[0][0]
+    durations = sorted(dur for _, dur in kernels)
+    return {"profiled_kernels": len(kernels), "busy_pct": 100 * sum(durations) / span,
+            "kernel_us_median": durations[len(durations) // 2], "profiled_s": span / 1e6}
 
 
 def sm(args) -> dict:
@@ -78,22 +116,99 @@ def sm(args) -> dict:
         a @ b
     torch.cuda.synchronize()
     per_second = []
-    start = time.monotonic()
-    second_end = start + 1.0
-    done = 0
-    while True:
-        for _ in range(args.batch):
-            a @ b
-        torch.cuda.synchronize()
-        done += args.batch
-        now = time.monotonic()
-        if now >= second_end:
-            per_second.append(done)
-            done = 0
-            second_end += 1.0
-            if len(per_second) >= args.seconds:
-                break
-    return {"matmuls_per_second": per_second, "mean": sum(per_second) / len(per_second)}
+
+    def window():
+        start = time.monotonic()
+        second_end = start + 1.0
+        done = 0
+        while True:
+            for _ in range(args.batch):
+                a @ b
+            torch.cuda.synchronize()
+            done += args.batch
+            now = time.monotonic()
+            if now >= second_end:
+                per_second.append(done)
+                done = 0
+                second_end += 1.0
+                if len(per_second) >= args.seconds:
+                    break
+
+    result = _kernel_busy(torch, window) if args.profile else (window() or {})
+    result.update(matmuls_per_second=per_second, mean=sum(per_second) / len(per_second))
+    return result
+
+
+def graph(args) -> dict:
+    """torch.cuda.graph: --matmuls fp16 matmuls captured once, then replayed for --seconds (the
+    rate, and with --profile the kernels' GPU time); the replay's result against the same
+    matmul run eagerly. With --oversize-mib: a capture that allocates that much (past a limit)
+    must be refused with OutOfMemoryError, and a capture after it must still work."""
+    torch = _torch()
+    dtype = getattr(torch, args.dtype)
+    a = torch.randn(args.size, args.size, device="cuda", dtype=dtype)
+    b = torch.randn(args.size, args.size, device="cuda", dtype=dtype) / args.size ** 0.5
+    side = torch.cuda.Stream()                    # warm-up off the default stream, as PyTorch asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            [a @ b for _ in range(args.matmuls)]
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    result = {"matmuls": args.matmuls, "size": args.size, "dtype": args.dtype}
+
+    def capture():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = [a @ b for _ in range(args.matmuls)]
+        return g, outs
+
+    try:
+        g, outs = capture()
+    except Exception as exc:  # what capture_end / the driver said
+        result.update(capture_ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return result
+    result["capture_ok"] = True
+    outs[0].zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    expect = (a @ b).float()
+    result["replay_max_abs_diff"] = float((outs[0].float() - expect).abs().max())
+    per_second = []
+
+    def window():
+        end = time.monotonic() + args.seconds
+        while time.monotonic() < end:
+            start, done = time.monotonic(), 0
+            while time.monotonic() - start < 1.0:
+                for _ in range(4):
+                    g.replay()
+                torch.cuda.synchronize()
+                done += 4
+            per_second.append(done / (time.monotonic() - start))
+
+    result.update(_kernel_busy(torch, window) if args.profile else {})
+    result.update(replays_per_second=per_second, replays_mean=sum(per_second) / len(per_second))
+    if args.oversize_mib:
+        refusal = None
+        g2 = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g2):
+                big = torch.empty(args.oversize_mib * MIB, dtype=torch.uint8, device="cuda")
+                big.fill_(1)
+        except Exception as exc:
+            refusal = {"error": type(exc).__name__, "message": str(exc).splitlines()[0]}
+        result["oversize_refusal"] = refusal
+        try:                                       # the process goes on capturing
+            g3, outs3 = capture()
+            g3.replay()
+            torch.cuda.synchronize()
+            result["capture_after_refusal_ok"] = True
+            result["replay_after_refusal_max_abs_diff"] = float((outs3[0].float() - expect).abs().max())
+        except Exception as exc:
+            result["capture_after_refusal_ok"] = False
+            result["error_after_refusal"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return result
 
 
 def init(_args) -> dict:
@@ -112,33 +227,81 @@ def _is_managed(ptr: int) -> bool:
     return rc == 0 and value.value != 0  # 8: CU_POINTER_ATTRIBUTE_IS_MANAGED
 
 
+def _card_free_mib(uuid: str) -> int:
+    """What the card has free now, as the driver says outside libvgpu (nvidia-smi, no preload)."""
+    import os
+    import subprocess
+    out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,memory.free", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30,
+                         env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    for line in out.stdout.splitlines():
+        card, _, free = line.partition(",")
+        if card.strip() == uuid:
+            return int(free)
+    sys.exit(f"nvidia-smi does not list {uuid}: {out.stdout.strip()} {out.stderr.strip()}")
+
+
+def _passes(torch, x, count: int, mib: int) -> list:
+    """GB/s of `count` x.add_(1) passes (each reads and writes every byte once)."""
+    rates = []
+    for _ in range(count):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        x.add_(1.0)
+        torch.cuda.synchronize()
+        rates.append(2 * mib * MIB / (time.perf_counter() - start) / 1e9)
+    return rates
+
+
 def spill(args) -> dict:
-    """Times an elementwise pass over a tensor of --mib. With --fill (under libvgpu with
-    CUDA_OVERSUBSCRIBE=true and a limit past the card) the card is first filled with 1 GiB
-    blocks until one comes back as managed memory, so the tensor is spilled to the host."""
+    """Times x.add_(1) passes over a tensor of --mib. With --fill (under libvgpu with
+    CUDA_OVERSUBSCRIBE=true and a limit past the card): the card's free memory is read first
+    (outside libvgpu), filled with device memory but --mib / 2, so that the tensor cannot fit
+    and libvgpu serves it from managed memory; then the filler is freed before the tensor is
+    touched, so the managed memory never asks for more than the card has free (a card left
+    full while managed memory pages in can stall the GPU for everyone on it). The first pass
+    migrates the pages to the card; the next ones run from there. A tensor of the same size in
+    device memory is timed beside it in the same process."""
     torch = _torch()
     torch.empty(1, device="cuda")
+    uuid = f"GPU-{torch.cuda.get_device_properties(0).uuid}"
+    result = {"mib": args.mib}
     filler = []
-    while args.fill:
-        block = torch.empty(1024 * MIB, dtype=torch.uint8, device="cuda")
-        filler.append(block)
-        if _is_managed(block.data_ptr()) or len(filler) > 1024:
-            break
+    if args.fill:
+        card_free = _card_free_mib(uuid)
+        result["card_free_mib"] = card_free
+        if card_free < 2 * args.mib + 1024:
+            sys.exit(f"spill: the card has {card_free} MiB free, {2 * args.mib + 1024} needed")
+        left = card_free - args.mib // 2
+        while left > 0:
+            block = torch.empty(min(1024, left) * MIB, dtype=torch.uint8, device="cuda")
+            filler.append(block)
+            left -= min(1024, left)
+            if _is_managed(block.data_ptr()):      # the card was fuller than read: spilled already
+                break
+        result["filler_mib"] = sum(b.numel() for b in filler) // MIB
+        result["filler_spilled"] = any(_is_managed(b.data_ptr()) for b in filler)
+        result["card_free_when_filled_mib"] = _card_free_mib(uuid)
     torch.cuda.synchronize()
     start = time.perf_counter()
     x = torch.empty(args.mib * MIB // 4, dtype=torch.float32, device="cuda")
-    alloc_ms = (time.perf_counter() - start) * 1000
-    passes = []
-    for _ in range(args.passes):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        x.add_(1.0)                      # reads and writes every byte once
-        torch.cuda.synchronize()
-        passes.append(time.perf_counter() - start)
-    steady = sorted(passes[1:])[len(passes[1:]) // 2]
-    gbs = lambda sec: 2 * args.mib * MIB / sec / 1e9
-    return {"managed": _is_managed(x.data_ptr()), "filler_gib": len(filler), "alloc_ms": alloc_ms,
-            "first_pass_gbs": gbs(passes[0]), "steady_gbs": gbs(steady)}
+    result["alloc_ms"] = (time.perf_counter() - start) * 1000
+    result["managed"] = _is_managed(x.data_ptr())
+    if args.fill:
+        del block
+        filler.clear()
+        torch.cuda.empty_cache()
+        result["card_free_at_first_touch_mib"] = _card_free_mib(uuid)
+    passes = _passes(torch, x, args.passes, args.mib)
+    result.update(first_pass_gbs=passes[0], steady_gbs=sorted(passes[1:])[len(passes[1:]) // 2])
+    if args.fill:
+        del x
+        torch.cuda.empty_cache()                   # else the allocator hands x's managed block back
+        y = torch.empty(args.mib * MIB // 4, dtype=torch.float32, device="cuda")
+        result["device_managed"] = _is_managed(y.data_ptr())
+        device = _passes(torch, y, args.passes, args.mib)
+        result.update(device_first_pass_gbs=device[0], device_steady_gbs=sorted(device[1:])[len(device[1:]) // 2])
+    return result
 
 
 def info(_args) -> dict:
@@ -291,6 +454,14 @@ def main() -> None:
     sm_parser.add_argument("--seconds", type=int, default=10)
     sm_parser.add_argument("--size", type=int, default=4096)
     sm_parser.add_argument("--batch", type=int, default=8)
+    sm_parser.add_argument("--profile", action="store_true", help="the kernels' GPU time, by the profiler")
+    graph_parser = sub.add_parser("graph")
+    graph_parser.add_argument("--seconds", type=int, default=5)
+    graph_parser.add_argument("--size", type=int, default=4096)
+    graph_parser.add_argument("--matmuls", type=int, default=8)
+    graph_parser.add_argument("--dtype", default="float16")
+    graph_parser.add_argument("--profile", action="store_true")
+    graph_parser.add_argument("--oversize-mib", type=int, default=0)
     sub.add_parser("init")
     spill_parser = sub.add_parser("spill")
     spill_parser.add_argument("--mib", type=int, default=4096)
@@ -309,7 +480,7 @@ def main() -> None:
     train_parser.add_argument("--parties", type=int, default=2)
     train_parser.add_argument("--headroom-mib", type=int, default=64)
     args = parser.parse_args()
-    what = {"memory": memory, "sm": sm, "init": init, "spill": spill, "info": info, "fill": fill,
+    what = {"memory": memory, "sm": sm, "graph": graph, "init": init, "spill": spill, "info": info, "fill": fill,
             "resnet-memory": resnet_memory, "resnet-train": resnet_train}
     print(json.dumps(what[args.what](args)))
 
