@@ -4,6 +4,7 @@
  * driver unchanged. Also the virtualised views (cuMemGetInfo, cuDeviceTotalMem). */
 #include "internal.h"
 #include "hooks.h"
+#include "capture.h"
 #include "log.h"
 
 #include <pthread.h>
@@ -331,6 +332,11 @@ static CUresult pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t byte
 static CUresult pool_alloc_or_plain(enum async_call which, CUdeviceptr *dptr, size_t bytes,
                                     CUmemoryPool pool, CUstream stream, int index)
 {
+    /* Captured, it becomes the graph's allocation node: no memory is taken until the
+     * graph's is committed (graph_memory.c), and nothing here may touch the stream. */
+    int per_thread = which == ASYNC_CURRENT_PTSZ || which == ASYNC_POOL_PTSZ;
+    if (hami_stream_capturing(per_thread && !stream ? CU_STREAM_PER_THREAD : stream))
+        return call_async(which, dptr, bytes, pool, stream);
     CUresult rc = pool_alloc(which, dptr, bytes, pool, stream, index);
     if (rc != CUDA_ERROR_OUT_OF_MEMORY || !dptr || bytes == 0)
         return rc;
@@ -458,6 +464,11 @@ static CUresult free_tracked(CUdeviceptr dptr, CUresult (*release)(CUdeviceptr, 
         kind = HAMI_RES_ASYNC;
         if (hami_res_take(HAMI_RES_ASYNC, dptr, &res) < 0)
             return release(dptr, arg);
+    }
+    if (release == release_async && hami_stream_capturing(async_stream(arg))) {
+        /* captured: the free happens when the graph runs, if the driver takes it at all */
+        hami_res_put(&res);
+        return release(dptr, arg);
     }
     if (res.aux == FALLBACK && release == release_async) {
         /* plain memory freed in stream order: wait for the stream, then free it */

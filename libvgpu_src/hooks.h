@@ -53,6 +53,15 @@
     X(cuLaunchCooperativeKernel_ptsz, CUDA) \
     X(cuGraphLaunch, CUDA) \
     X(cuGraphLaunch_ptsz, CUDA) \
+    X(cuGraphInstantiate, CUDA) \
+    X(cuGraphInstantiate_v2, CUDA) \
+    X(cuGraphInstantiateWithFlags, CUDA) \
+    X(cuGraphInstantiateWithParams, CUDA) \
+    X(cuGraphInstantiateWithParams_ptsz, CUDA) \
+    X(cuGraphUpload, CUDA) \
+    X(cuGraphUpload_ptsz, CUDA) \
+    X(cuGraphExecDestroy, CUDA) \
+    X(cuDeviceGraphMemTrim, CUDA) \
     X(cuCtxSynchronize, CUDA) \
     X(cuCtxSynchronize_v2, CUDA) \
     X(cuStreamSynchronize, CUDA) \

@@ -131,6 +131,7 @@ enum hami_res_kind {
     HAMI_RES_VMM,      /* cuMemCreate handle */
     HAMI_RES_ARRAY,    /* CUarray */
     HAMI_RES_CTX,      /* cuCtxCreate context */
+    HAMI_RES_GRAPH,    /* executable graph with memory nodes: bytes is what they need (not charged) */
 };
 struct hami_res {
     uint64_t key;
@@ -143,6 +144,8 @@ struct hami_res {
 void hami_res_put(const struct hami_res *res);
 /* Removes the entry and copies it to `out`; 0 when found, -1 when untracked. */
 int hami_res_take(int kind, uint64_t key, struct hami_res *out);
+/* Copies the entry to `out` and leaves it; 0 when found, -1 when untracked. */
+int hami_res_get(int kind, uint64_t key, struct hami_res *out);
 /* Removes every entry owned by `ctx`, calling `fn` for each. */
 void hami_res_take_ctx(CUcontext ctx, void (*fn)(const struct hami_res *res));
 

@@ -47,6 +47,11 @@
  *   for its process's work); scribbled over, the shared one can let the
  *   container's processes together run past the share, never one of them.
  *
+ * - Launches into a capturing stream never reach the limiter (cuda_launch.c),
+ *   so no event is recorded in a capture; the events' queries and records run
+ *   in relaxed capture mode (capture.h), so another thread's capture in global
+ *   mode is never invalidated by them.
+ *
  * Within a process, a limited launch holds its device's local lock from
  * before_launch to after_launch (the driver's launch call only, never a sleep),
  * so two threads sharing a stream cannot interleave a launch between the other's
@@ -64,6 +69,7 @@
 #include "internal.h"
 #include "log.h"
 #include "activity.h"
+#include "capture.h"
 #include "sm_limiter.h"
 
 #define SM_PROBES 64                             /* measured launches in flight, per process and device */
@@ -504,10 +510,12 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     struct sm_local *loc = &sm_local[dev];
 
     pthread_mutex_lock(&loc->lock);
+    int capture_mode = hami_capture_relax();
     int billed = 1;
     for (;;) {
         uint32_t share = sm_share(limits, dev);
         if (!share) {                            /* limit lifted while running */
+            hami_capture_restore(capture_mode);
             pthread_mutex_unlock(&loc->lock);
             return;
         }
@@ -567,6 +575,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     }
     if (idx < 0)
         loc->unmeasured++;                       /* its time will be missing from measured_ns */
+    hami_capture_restore(capture_mode);
     /* The lock stays held through the driver's launch, until after_launch: no
      * other thread of this process can slip a launch between our events. */
     sm_armed_dev = dev;
@@ -588,6 +597,7 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
     /* loc->lock is held since before_launch */
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
+        int capture_mode = hami_capture_relax();
         if (result != CUDA_SUCCESS) {
             sm_charge(loc, st, -p->charged_ns);  /* nothing ran: give the estimate back */
             sm_probe_release(loc, p);
@@ -596,6 +606,7 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
         } else {
             sm_probe_release(loc, p);            /* unmeasurable: the estimate stays charged */
         }
+        hami_capture_restore(capture_mode);
     } else if (result != CUDA_SUCCESS) {
         sm_charge(loc, st, -sm_armed_charge);
     }

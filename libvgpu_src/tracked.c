@@ -56,6 +56,20 @@ int hami_res_take(int kind, uint64_t key, struct hami_res *out)
     return 0;
 }
 
+int hami_res_get(int kind, uint64_t key, struct hami_res *out)
+{
+    unsigned b = bucket_of(kind, key);
+    int found = -1;
+    pthread_mutex_lock(&stripes[b % STRIPES]);
+    for (struct node *n = buckets[b]; n && found < 0; n = n->next)
+        if (n->res.kind == kind && n->res.key == key) {
+            *out = n->res;
+            found = 0;
+        }
+    pthread_mutex_unlock(&stripes[b % STRIPES]);
+    return found;
+}
+
 void hami_res_take_ctx(CUcontext ctx, void (*fn)(const struct hami_res *res))
 {
     if (!ctx)
