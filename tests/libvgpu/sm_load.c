@@ -2,10 +2,13 @@
  * sm_load: keeps a device busy with fixed-length kernels of the simulated
  * driver and reports how many completed, per second of a measured window.
  *
- *   sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph]
+ *   sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph|captured]
  *           [-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS] [-p THREADS]
  *           [-c CONTEXT_MONOTONIC_NS]
  *
+ * -m graph: one kernel node added with cuGraphAddKernelNode; -m captured: a graph
+ * captured from a stream (global mode), four kernels of KERNEL_US / 4 each. Either
+ * way one launch keeps the device busy KERNEL_US.
  * -c: the context is made at that CLOCK_MONOTONIC time (processes started
  * together then make theirs at once).
  * THREADS threads (default 1) launch at once, each round-robin over the same
@@ -52,7 +55,7 @@ static int64_t now_ns(void)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph] "
+    fprintf(stderr, "usage: sm_load -u KERNEL_US -t SECONDS [-d DEV] [-m kernel|ex|coop|graph|captured] "
                     "[-w WARMUP_S] [-s START_MONOTONIC_NS] [-q QUEUE] [-n STREAMS] "
                     "[-p THREADS] [-c CONTEXT_MONOTONIC_NS]\n");
     exit(1);
@@ -169,7 +172,8 @@ int main(int argc, char **argv)
     if (!cfg.kernel_us || seconds <= 0 || seconds > MAX_SECONDS || cfg.queue < 1 || cfg.queue > MAX_QUEUE ||
         cfg.nstreams < 1 || cfg.nstreams > MAX_STREAMS || nthreads < 1 || nthreads > MAX_THREADS)
         usage();
-    cfg.is_graph = !strcmp(mode, "graph");
+    int captured = !strcmp(mode, "captured");
+    cfg.is_graph = captured || !strcmp(mode, "graph");
     cfg.is_ex = !strcmp(mode, "ex");
     cfg.is_coop = !strcmp(mode, "coop");
     if (!cfg.is_graph && !cfg.is_ex && !cfg.is_coop && strcmp(mode, "kernel"))
@@ -191,7 +195,17 @@ int main(int argc, char **argv)
     for (int i = 0; i < cfg.nstreams; i++)
         CHECK(cuStreamCreate(&cfg.streams[i], 0));
 
-    if (cfg.is_graph) {
+    if (captured) {
+        /* four kernels of a quarter each, captured: a graph launch takes as long as a kernel */
+        unsigned long long quarter = cfg.kernel_us / 4 ? cfg.kernel_us / 4 : 1;
+        void *params[] = {&quarter};
+        CUgraph graph;
+        CHECK(cuStreamBeginCapture_v2(cfg.streams[0], CU_STREAM_CAPTURE_MODE_GLOBAL));
+        for (int i = 0; i < 4; i++)
+            CHECK(cuLaunchKernel(cfg.fn, 1, 1, 1, 1, 1, 1, 0, cfg.streams[0], params, NULL));
+        CHECK(cuStreamEndCapture(cfg.streams[0], &graph));
+        CHECK(cuGraphInstantiateWithFlags(&cfg.graph_exec, graph, 0));
+    } else if (cfg.is_graph) {
         /* one kernel node: a graph launch then takes as long as a kernel */
         void *params[] = {&cfg.kernel_us};
         CUgraph graph;
