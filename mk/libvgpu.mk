@@ -11,7 +11,7 @@ $(BUILD)/libvgpu.so: $(LIBVGPU_SRC) $(LIBVGPU_HDR) mk/libvgpu.mk
 
 # Test programs (tests/libvgpu): linked against the simulated libcuda, so that
 # LD_PRELOAD interposition of linked symbols is exercised too.
-LIBVGPU_TEST_PROGS := $(BUILD)/tests/vgpu_probe $(BUILD)/tests/resize_probe \
+LIBVGPU_TEST_PROGS := $(BUILD)/tests/vgpu_probe $(BUILD)/tests/resize_probe $(BUILD)/tests/capture_probe \
 	$(BUILD)/tests/libdeepbind_helper.so
 
 $(BUILD)/tests/%: tests/libvgpu/%.c $(BUILD)/sim/lib/libcuda.so libvgpu_src/cuda_api.h libvgpu_src/nvml_api.h
