@@ -84,7 +84,7 @@ static void modes(const char *which)
  * the capture became and how ending it went ---- */
 static CUevent ev_out, ev_in;
 static void *host_buf;
-static CUdeviceptr dbuf;
+static CUdeviceptr dbuf, spare;
 
 static void callback(CUstream s, CUresult rc, void *arg) { (void)s, (void)rc, (void)arg; }
 static void host_noop(void *arg) { (void)arg; }
@@ -161,7 +161,7 @@ static int unsafe_call(const char *call)
             CHECK(cuMemFree_v2(p));
         return rc;
     }
-    if (!strcmp(call, "mem_free")) return cuMemFree_v2(dbuf) == CUDA_SUCCESS ? (cuMemAlloc_v2(&dbuf, 64), 0) : -1;
+    if (!strcmp(call, "mem_free")) return cuMemFree_v2(spare);
     if (!strcmp(call, "event_query")) { CUresult rc = cuEventQuery(other_ev); return rc == CUDA_ERROR_NOT_READY ? 0 : rc; }
     if (!strcmp(call, "event_sync")) return cuEventSynchronize(other_ev);
     if (!strcmp(call, "stream_query")) { CUresult rc = cuStreamQuery(s2); return rc == CUDA_ERROR_NOT_READY ? 0 : rc; }
@@ -525,6 +525,7 @@ int main(int argc, char **argv)
     CHECK(cuEventCreate(&ev_out, 0));
     CHECK(cuEventCreate(&ev_in, 0));
     CHECK(cuMemAlloc_v2(&dbuf, 64));
+    CHECK(cuMemAlloc_v2(&spare, 64));
     host_buf = calloc(1, 64);
     const char *a = argv[1];
     if (!strcmp(a, "mode") && argc == 3) modes(argv[2]);
