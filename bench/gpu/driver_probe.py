@@ -2,6 +2,7 @@
 
     python3 bench/gpu/driver_probe.py busy --kernel-us 1000 --seconds 10 [--mode time|work] [--start-at NS]
     python3 bench/gpu/driver_probe.py init
+    python3 bench/gpu/driver_probe.py info      # device 0: UUID, name, memory, SMs
 
 `busy`: the share of GPU time this process's kernels take. The kernel (`SPIN_PTX`, PTX the driver
 compiles when the module loads) fills every SM: as many 256-thread blocks as the occupancy
@@ -267,6 +268,18 @@ def busy(args) -> dict:
             "per_second_pct": [b / 1e7 for b in bins], "uuid": drv.uuid()}
 
 
+def info(_args) -> dict:
+    drv = Driver()
+    name = ctypes.create_string_buffer(256)
+    drv.check("cuDeviceGetName", name, 256, drv.dev)
+    total = ctypes.c_size_t()
+    drv.check("cuDeviceTotalMem_v2", ctypes.byref(total), drv.dev)
+    version = ctypes.c_int()
+    drv.check("cuDriverGetVersion", ctypes.byref(version))
+    return {"uuid": drv.uuid(), "name": name.value.decode(), "total_mib": total.value / (1 << 20),
+            "sms": drv.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT), "cuda_driver_version": version.value}
+
+
 def init(_args) -> dict:
     start = time.perf_counter()
     drv = Driver()
@@ -286,9 +299,10 @@ def main() -> None:
                              help="kernels launched between synchronisations (default: about 20 ms of them)")
     busy_parser.add_argument("--start-at", type=int, default=0, help="CLOCK_MONOTONIC ns the window opens at")
     sub.add_parser("init")
+    sub.add_parser("info")
     args = parser.parse_args()
     try:
-        result = {"busy": busy, "init": init}[args.what](args)
+        result = {"busy": busy, "init": init, "info": info}[args.what](args)
     except CudaError as exc:
         sys.exit(f"driver_probe: {exc}")
     print(json.dumps(result))
