@@ -70,6 +70,17 @@ def smi(query: str) -> list:
     return [[f.strip() for f in line.split(",")] for line in out.stdout.strip().splitlines()]
 
 
+def device0() -> dict:
+    """CUDA device 0 as the driver says outside libvgpu (driver_probe.py info: UUID, name, total MiB,
+    SMs), so that a multi-GPU machine's nvidia-smi order cannot mix cards up."""
+    import json
+    out = subprocess.run([sys.executable, str(DRIVER_PROBE), "info"], capture_output=True, text=True,
+                         timeout=120, env=clean_env())
+    if out.returncode:
+        raise RuntimeError(f"driver_probe.py info: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def container_env(workdir: Path, name: str, uuid: str, board: Path = None) -> dict:
     """One container's env in bare use: a region of its own (so its processes share a limit and
     no one else's); with `board`, its activity stamp for `uuid`, linked on that activity board,

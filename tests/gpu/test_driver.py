@@ -28,7 +28,7 @@ def driver_probe(args, libvgpu=True, timeout=120, **env):
 
 @pytest.fixture(scope="module")
 def uuid():
-    return driver_probe(["info"], libvgpu=False)["uuid"]
+    return gpu_env.device0()["uuid"]
 
 
 def busy(kernel_us, seconds=SECONDS, mode="time", **env):
