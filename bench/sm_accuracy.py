@@ -4,7 +4,9 @@ For each limit (10/30/60/100 %, policy `force`) one process keeps a simulated
 device busy with fixed kernels for 10 s while an unlimited process does the
 same on a second simulated device (so both see the same CPU load); the ratio
 of their throughputs is the achieved share, and jitter is the largest distance
-of one second's share from the limit. Then two `force` containers (separate
+of one second's share from the limit. The same for graph replays at 30 and 60 %:
+a graph of one kernel node, and a graph captured from a stream (four kernels of a
+quarter each), every replay keeping the device busy as long as one kernel. Then two `force` containers (separate
 regions) at 30 and 70 % run on one device at once (window opening after 2 s)
 and their split is reported.
 
@@ -38,7 +40,7 @@ alone under `default`, in kernels per second and in % of the reference (as root:
 runc). Its window and kernel are --container-seconds (8) and --container-kernel-us
 (1000: the figures the `default` policy was first measured with between containers).
 
-    .venv/bin/python bench/sm_accuracy.py [--seconds 10] [--kernel-us 10000] [--only priority|containers]
+    .venv/bin/python bench/sm_accuracy.py [--seconds 10] [--kernel-us 10000] [--only priority|containers|graphs]
 """
 import argparse
 import json
@@ -55,6 +57,7 @@ import sm_load  # noqa: E402
 from sm_load import Load  # noqa: E402
 
 LEVELS = [10, 30, 60, 100]
+GRAPH_LEVELS = [30, 60]
 SWITCH_RUNS = 3
 NEIGHBOUR_AT, NEIGHBOUR_FOR, SWITCH_WINDOW = 3.0, 3.0, 9.0
 HELD_MARGIN, FREE_LEVEL, SETTLE = 10.0, 90.0, 3
@@ -209,13 +212,23 @@ def switching(work: Path, kernel_us: int, share: int = 30, neighbour: int = 60) 
             first_tenth(tenths, ended, lambda p: p >= FREE_LEVEL))
 
 
+def graph_section(work: Path, measure) -> None:
+    print("\n| graph replays, `force` | limit % | achieved % | error (points) | jitter (points) |")
+    print("| --- | --- | --- | --- | --- |")
+    for mode, name in (("graph", "one kernel node"), ("captured", "captured from a stream, 4 kernels")):
+        for level in GRAPH_LEVELS:
+            m = measure([Load(region=work / f"g{mode}{level}.region", sm_limit=level, policy="force",
+                              mode=mode)])
+            print(f"| {name} | {level} | {m.share():.1f} | {m.share() - level:+.1f} | {m.jitter(level):.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--kernel-us", type=int, default=sm_load.KERNEL_US)
     parser.add_argument("--container-seconds", type=int, default=8)
     parser.add_argument("--container-kernel-us", type=int, default=1000)
-    parser.add_argument("--only", choices=["priority", "containers"], help="run only this part")
+    parser.add_argument("--only", choices=["priority", "containers", "graphs"], help="run only this part")
     args = parser.parse_args()
     sm_load.build()
     with tempfile.TemporaryDirectory(prefix="hami-sm-bench-") as tmp:
@@ -229,6 +242,7 @@ def main() -> int:
               f"load average {load:.2f} at the start\n")
         if args.only:
             section = {"priority": lambda: priority_section(work, args.seconds, args.kernel_us),
+                       "graphs": lambda: graph_section(work, measure),
                        "containers": lambda: containers_section(work, args.container_seconds,
                                                                 args.container_kernel_us)}[args.only]
             section()
@@ -241,6 +255,8 @@ def main() -> int:
             series = " ".join(f"{p:.1f}" for p in m.per_second())
             print(f"| {level} | {m.share():.1f} | {m.share() - level:+.1f} | {m.jitter(level):.1f} | "
                   f"{series} |")
+
+        graph_section(work, measure)
 
         # the window opens after 2 s: the occupancy correction starts after one
         m = measure([Load(region=work / "c30.region", sm_limit=30, policy="force"),

@@ -81,6 +81,7 @@ def test_a_killed_process_leaves_the_budget_usable(workdir):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode,streams,threads", [
     ("ex", 1, 1), ("coop", 1, 1), ("graph", 1, 1),   # cuLaunchKernelEx, cooperative, cuGraphLaunch
+    ("captured", 1, 1),                               # replays of a graph captured from a stream
     ("kernel", 3, 1),                                 # one process, three streams
     ("kernel", 1, 2),                                 # two threads sharing one stream
 ])
