@@ -70,6 +70,13 @@ def smi(query: str) -> list:
     return [[f.strip() for f in line.split(",")] for line in out.stdout.strip().splitlines()]
 
 
+def smi_apps() -> list:
+    """MiB each compute process uses, as nvidia-smi outside libvgpu says."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30, env=clean_env())
+    return [int(x) for x in out.stdout.split() if x.strip().isdigit()]
+
+
 def device0() -> dict:
     """CUDA device 0 as the driver says outside libvgpu (driver_probe.py info: UUID, name, total MiB,
     SMs), so that a multi-GPU machine's nvidia-smi order cannot mix cards up."""

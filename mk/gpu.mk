@@ -1,0 +1,13 @@
+# make gpu-check: on a machine with an NVIDIA GPU, builds libvgpu, runs tests/gpu and
+# bench/gpu/run.py within a 10-minute window and writes a markdown report (machine, driver,
+# date, every figure, pass/fail) to $(GPU_CHECK_REPORT), ready for BENCHMARKS.md
+# (bench/gpu/check.py). Without a GPU it prints one "no GPU" line and exits 0, measuring and
+# writing nothing. Not part of `make test`.
+GPU_CHECK_REPORT ?= $(BUILD)/gpu-check/report.md
+GPU_CHECK_BUDGET ?= 570
+GPU_CHECK_SECONDS ?= 4
+
+gpu-check:
+	@python3 bench/gpu/check.py --report '$(GPU_CHECK_REPORT)' --budget '$(GPU_CHECK_BUDGET)' \
+		--seconds '$(GPU_CHECK_SECONDS)'
+.PHONY: gpu-check
