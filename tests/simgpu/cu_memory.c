@@ -65,11 +65,12 @@ void sim_alloc_release(struct sim_alloc *a)
     free(a);
 }
 
-/* Stream-ordered (pool) allocations outlive their context, as on the real driver. */
+/* Stream-ordered (pool) allocations outlive their context, as on the real driver; a graph
+ * allocation's address belongs to its graph (cu_graph.c). */
 static int owned_by_ctx(void *val, void *arg)
 {
     struct sim_alloc *a = val;
-    return a->ctx == arg && !a->pool;
+    return a->ctx == arg && !a->pool && !a->graph;
 }
 
 #define HEAP_ALIGN 256
