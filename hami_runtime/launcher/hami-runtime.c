@@ -3,15 +3,19 @@
  *
  * Passthrough subcommands (everything but create, run and delete) become the
  * real runtime at once, with no interpreter start: the launcher reads only the
- * `runtime` key of the config and execs the first executable candidate.
- * delete runs the real runtime's delete and returns its status at once; the
- * allocation is then freed by a detached Python release (stdio on /dev/null),
- * and by any later allocator transaction in any case, since an allocation
- * whose container runc removed is dead by the allocator's rule.
- * create/run, and anything this launcher does not fully understand
- * (an unusual config, a runtime that is this program), go to the Python
- * runtime, which decides and reports errors as usual. `hami-hook` is the
- * createRuntime hook (hook.c).
+ * `runtime` key of the config (config.c) and execs the first executable
+ * candidate. So do create and run of a spec that surely asks for no GPU
+ * (spec_scan.c: no request key, env request or dockerd GPU hook, and nothing
+ * it cannot read exactly as Python would), with runc's flags only and a valid
+ * id: the Python runtime would pass it through untouched. delete runs the real
+ * runtime's delete and returns its status at once; where the state dir holds
+ * the id's allocation dirs, the allocation is then freed by a detached Python
+ * release (stdio on /dev/null), and by any later allocator transaction in any
+ * case, since an allocation whose container runc removed is dead by the
+ * allocator's rule. Every other create/run, and anything this launcher does
+ * not fully understand (an unusual config, a runtime that is this program),
+ * goes to the Python runtime, which decides and reports errors as usual.
+ * `hami-hook` is the createRuntime hook (hook.c).
  *
  * Built with HAMI_PYTHONPATH (make build: this tree and its virtual
  * environment's site-packages; make install: the installed environment's
@@ -24,11 +28,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "hook.h"
 #include "ids.h"
 #include "spec_scan.h"
@@ -36,9 +42,6 @@
 #ifndef HAMI_PYTHON
 #define HAMI_PYTHON "/usr/bin/python3"
 #endif
-#define DEFAULT_CONFIG "/etc/hami/config.toml"
-#define MAX_CANDIDATES 16
-#define MAX_CONFIG (256 * 1024)
 
 static const char *const default_runtimes[] = {
     "/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc", NULL};
@@ -170,81 +173,6 @@ static void run_python(char **argv)
     _exit(1);
 }
 
-/* Reads one TOML basic string at *p ("..." without escapes). */
-static int read_string(const char **p, char *out, size_t size)
-{
-    const char *s = *p;
-    if (*s != '"')
-        return -1;
-    const char *end = strchr(s + 1, '"');
-    if (!end || memchr(s + 1, '\\', (size_t)(end - s - 1)) || memchr(s + 1, '\n', (size_t)(end - s - 1)))
-        return -1;
-    size_t len = (size_t)(end - s - 1);
-    if (len == 0 || len >= size || s[1] != '/')
-        return -1;
-    memcpy(out, s + 1, len);
-    out[len] = '\0';
-    *p = end + 1;
-    return 0;
-}
-
-static const char *skip_blank(const char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    return s;
-}
-
-/*
- * The `runtime` candidates from the config's top level: a string or a
- * one-line array of strings. 0 found, 1 absent (defaults), -1 not understood.
- */
-static int config_runtimes(char cands[][PATH_MAX], int *count)
-{
-    const char *path = getenv("HAMI_CONFIG");
-    int named = path && *path;
-    if (!named)
-        path = DEFAULT_CONFIG;
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return (!named && errno == ENOENT) ? 1 : -1;
-    static char text[MAX_CONFIG + 1];
-    size_t n = fread(text, 1, MAX_CONFIG, f);
-    int big = !feof(f);
-    fclose(f);
-    if (big)
-        return -1;
-    text[n] = '\0';
-    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        const char *s = skip_blank(line);
-        if (*s == '[')
-            break; /* tables follow: the key is not at the top level */
-        if (strncmp(s, "runtime", 7) != 0)
-            continue;
-        s = skip_blank(s + 7);
-        if (*s != '=')
-            continue;
-        s = skip_blank(s + 1);
-        *count = 0;
-        if (*s == '"')
-            return read_string(&s, cands[(*count)++], PATH_MAX) == 0 ? 0 : -1;
-        if (*s != '[')
-            return -1;
-        s = skip_blank(s + 1);
-        while (*s != ']') {
-            if (*count >= MAX_CANDIDATES || read_string(&s, cands[(*count)++], PATH_MAX) != 0)
-                return -1;
-            s = skip_blank(s);
-            if (*s == ',')
-                s = skip_blank(s + 1);
-            else if (*s != ']')
-                return -1;
-        }
-        return *count > 0 ? 0 : -1;
-    }
-    return 1;
-}
-
 /* The real runtime from the config (or the defaults); NULL: leave it to Python. */
 static const char *find_runtime(void)
 {
@@ -294,7 +222,49 @@ static void release_detached(char **argv)
     waitpid(child, NULL, 0);
 }
 
-static int delete_then_release(const char *runtime, char **argv)
+/*
+ * Whether the state dir may hold an allocation for the id a delete names (at
+ * argv[at + 1..]): its private/ or containers/ has an entry <id>@<root key>
+ * of any runc root, or this cannot be told. A container with neither asked for
+ * no GPU (or its create was killed before making them: any later allocator
+ * transaction frees that), and its delete starts no Python.
+ */
+static int may_hold_allocation(int argc, char **argv, int at)
+{
+    const char *id = NULL;
+    for (int i = at + 1; i < argc; i++) {
+        if (argv[i][0] == '-')
+            continue; /* delete's flags (--force) take no value */
+        if (id)
+            return 1;
+        id = argv[i];
+    }
+    char state[PATH_MAX];
+    if (!id || !valid_container_id(id) || config_state_dir(state, sizeof state) < 0)
+        return 1;
+    static const char *const subdirs[] = {"private", "containers"};
+    size_t n = strlen(id);
+    for (int i = 0; i < 2; i++) {
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/%s", state, subdirs[i]) >= (int)sizeof path)
+            return 1;
+        DIR *dir = opendir(path);
+        if (!dir) {
+            if (errno == ENOENT)
+                continue;
+            return 1;
+        }
+        int found = 0;
+        for (struct dirent *e; !found && (e = readdir(dir)) != NULL;)
+            found = strncmp(e->d_name, id, n) == 0 && e->d_name[n] == '@';
+        closedir(dir);
+        if (found)
+            return 1;
+    }
+    return 0;
+}
+
+static int delete_then_release(const char *runtime, int argc, char **argv, int at)
 {
     pid_t child = fork();
     if (child < 0)
@@ -309,7 +279,8 @@ static int delete_then_release(const char *runtime, char **argv)
     while (waitpid(child, &status, 0) < 0)
         if (errno != EINTR)
             return 1;
-    release_detached(argv);
+    if (may_hold_allocation(argc, argv, at))
+        release_detached(argv);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -323,7 +294,7 @@ int main(int argc, char **argv)
         const char *runtime = find_runtime();
         if (!runtime)
             run_python(argv);
-        return delete_then_release(runtime, argv);
+        return delete_then_release(runtime, argc, argv, at);
     }
     if (cmd && (!strcmp(cmd, "create") || !strcmp(cmd, "run"))) {
         /* A spec that surely asks for no GPU: runc at once, as Python would exec it. */

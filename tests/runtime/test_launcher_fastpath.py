@@ -4,6 +4,7 @@ read exactly as Python's json does, goes to the Python runtime. Through the
 real launcher with real runc: the node's log (level debug) gets a line from
 every create Python handles, and Python's refusals start "hami-runtime:"."""
 import json
+import time
 
 import pytest
 
@@ -205,3 +206,28 @@ def test_who_decides(fast_node, case, make, how, expected):
     finally:
         node.runtime("delete", "-f", cid, cmd=[str(LAUNCHER)])
         node.runtime("delete", "-f", cid, cmd=[RUNC])
+
+
+def settled(node):
+    """Waits until the node's config is old enough for the config cache, so that
+    any Python run leaves <state dir>/cache/ behind."""
+    age = time.time() - node.config.stat().st_ctime
+    time.sleep(max(0.0, 2.2 - age))
+
+
+@pytest.mark.parametrize("annotations,python", [({}, False), ({"hami.io/gpumem": "100"}, True)],
+                         ids=["no-request", "gpu"])
+def test_delete_starts_python_only_for_an_allocation(node, annotations, python):
+    """delete through the launcher: the detached release runs where the state
+    dir holds the id's allocation dirs, and only there."""
+    settled(node)
+    bundle = node.bundle("del", annotations, args=("true",))
+    assert node.create("del", bundle, cmd=[str(LAUNCHER)]).returncode == 0
+    assert node.state_dir.exists() == python
+    assert node.runtime("delete", "del", cmd=[str(LAUNCHER)]).returncode == 0
+    deadline = time.monotonic() + 10
+    while python and node.allocations() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5 if not python else 0)
+    assert node.allocations() == {}
+    assert node.state_dir.exists() == python  # no Python at all: not even its config cache
