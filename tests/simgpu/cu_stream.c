@@ -421,7 +421,9 @@ CUresult sim_capture_refuse(struct sim_stream *s, CUresult rc)
 
 /* cuThreadExchangeStreamCaptureMode's rule: a thread whose mode is not RELAXED may not make a
  * potentially unsafe call while it has a capture of its own not begun RELAXED, nor (mode
- * GLOBAL) while another thread has a capture begun GLOBAL. Those captures are invalidated. */
+ * GLOBAL) while another thread has a capture begun GLOBAL. Those captures are invalidated. A
+ * capture already invalidated has nothing left to protect and forbids nothing (ROCm matched
+ * CUDA there: later calls proceed). */
 CUresult sim_capture_unsafe_call(void)
 {
     if (!open_captures || capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -430,6 +432,8 @@ CUresult sim_capture_unsafe_call(void)
     pthread_t self = pthread_self();
     pthread_mutex_lock(&cap_lock);
     for (struct sim_capture *c = captures; c; c = c->next) {
+        if (c->invalidated)
+            continue;
         int mine = pthread_equal(c->thread, self);
         if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
             (!mine && capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
@@ -825,7 +829,9 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
         pthread_mutex_lock(&cap_lock);
         struct sim_capture *c = capture_by_id_locked(ev->cap_id);
         if (c && c->invalidated) {
-            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+            /* a stream outside the capture waiting on its event: CUDA_ERROR_INVALID_VALUE, as CUDA
+             * answers (ROCm's capture work matched it); a stream in it was refused above */
+            rc = CUDA_ERROR_INVALID_VALUE;
         } else if (c && s->cap == c) {
             add_deps_locked(s, ev->cap_deps, ev->ncap_deps);      /* a join */
         } else if (c && s->cap) {

@@ -125,6 +125,11 @@ def test_calls_that_stay_legal_during_a_global_capture(sim_env, call):
     assert run(sim_env, "unsafe", "global", "same", "global", call) == {"rc": 0, "status": ACTIVE, "end": 0}
 
 
+def test_an_invalidated_capture_forbids_no_more_unsafe_calls_but_its_streams_stay_refused(sim_env):
+    assert run(sim_env, "after_invalid") == {"first": UNSUPPORTED, "second": 0, "launch": INVALIDATED_RC,
+                                             "idle_wait": INVALID_VALUE, "s2": NONE, "end": INVALIDATED_RC}
+
+
 @pytest.mark.parametrize("mode, other, status, end", [
     ("global", WRONG_THREAD, INVALIDATED, INVALIDATED_RC),
     ("thread_local", WRONG_THREAD, INVALIDATED, INVALIDATED_RC),

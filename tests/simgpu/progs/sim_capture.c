@@ -223,6 +223,24 @@ static void unsafe(const char *capture_mode, const char *where, const char *thre
     printf("{\"rc\": %d, \"status\": %d, \"end\": %d}\n", c.rc, during, end);
 }
 
+/* ---- after an invalidation: what the dead capture still refuses ---- */
+static void after_invalid(void)
+{
+    CUdeviceptr p;
+    CHECK(cuStreamBeginCapture_v2(nb, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(launch(nb, 10));
+    CHECK(cuEventRecord(ev_in, nb));
+    int first = cuMemAlloc_v2(&p, 1 << 20);
+    int second = cuMemAlloc_v2(&p, 1 << 20);          /* nothing left to protect */
+    int launch_rc = launch(nb, 10);                   /* the stream itself still refuses */
+    int idle_wait = cuStreamWaitEvent(s2, ev_in, 0);   /* an idle stream waiting on its event */
+    int s2_status = status(s2);
+    CUgraph g;
+    int end = cuStreamEndCapture(nb, &g);
+    printf("{\"first\": %d, \"second\": %d, \"launch\": %d, \"idle_wait\": %d, \"s2\": %d, \"end\": %d}\n",
+           first, second, launch_rc, idle_wait, s2_status, end);
+}
+
 /* ---- a capture ended from another thread ---- */
 static void *end_elsewhere(void *arg)
 {
@@ -533,6 +551,7 @@ int main(int argc, char **argv)
     else if (!strcmp(a, "unsafe") && argc == 6) unsafe(argv[2], argv[3], argv[4], argv[5]);
     else if (!strcmp(a, "wrong_thread") && argc == 3) wrong_thread(argv[2]);
     else if (!strcmp(a, "fork_join")) fork_join();
+    else if (!strcmp(a, "after_invalid")) after_invalid();
     else if (!strcmp(a, "node_kinds")) node_kinds();
     else if (!strcmp(a, "graph_memory")) graph_memory();
     else if (!strcmp(a, "graph_oom")) graph_oom();
