@@ -5,7 +5,10 @@ An entry is used only while its key is what the node shows now, so it cannot
 be stale: the boot, the NVML library file (path, inode, size, times), both ld
 caches, the GPUs the kernel driver lists, the nvidia* device nodes under the
 dev root, the config values discovery reads
-and the whole environment (LD_LIBRARY_PATH and the like; kept as a hash).
+and the whole environment (LD_LIBRARY_PATH and the like; kept as a hash) but
+for what a shell sets for every command it starts (SHELL_NOISE: the working
+directory's name, the command's path), which no loader or driver reads: an
+engine run from a shell (podman) would otherwise miss at every new directory.
 Anything unreadable, unexpected or different is a miss: discover again and
 replace the entry atomically. A cache that cannot be written is not an error.
 """
@@ -83,8 +86,11 @@ def _device_nodes(dev_root: str):
     return nodes
 
 
+SHELL_NOISE = frozenset({"_", "PWD", "OLDPWD", "SHLVL"})
+
+
 def _environment_hash() -> str:
-    text = json.dumps(sorted(os.environ.items()))
+    text = json.dumps(sorted(item for item in os.environ.items() if item[0] not in SHELL_NOISE))
     return sha256_hex(text.encode("utf-8", "surrogateescape"))
 
 
