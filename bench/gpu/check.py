@@ -6,7 +6,7 @@
 1. Is there a GPU? Without one: one line saying so, exit status 0, nothing built or written
    (so the target can sit in scripts that also run on machines without a GPU; the report file's
    absence tells them nothing was measured).
-2. `make -s build` (build/libvgpu.so; gcc, no network).
+2. `make -s build/libvgpu.so` (what the GPU run needs of `make build`: gcc alone, no venv, no network).
 3. PyTorch: the machine's own where one sees the GPU ($HAMI_GPU_PYTHON, python3, /usr/bin/python3),
    else make torch's build/torch/venv; none: the tests that need it skip and the bench runs its
    driver-only sections.
@@ -83,13 +83,14 @@ def main() -> int:
     work = report_path.parent
     work.mkdir(parents=True, exist_ok=True)
     build_log = work / "build.log"
-    rc, _ = run_bounded(["make", "-s", "build"], 300, log=build_log)
+    rc, _ = run_bounded(["make", "-s", "build/libvgpu.so"], 300, log=build_log)
     if rc != 0:
-        print(f"gpu-check: make build failed ({tail(build_log)}); see {build_log}")
+        print(f"gpu-check: make build/libvgpu.so failed ({tail(build_log)}); see {build_log}")
         return 1
 
     torch_python = gpu_env.torch_python()
-    print(f"gpu-check: GPU {gpu_env.smi('name,driver_version')[0]}; PyTorch: {torch_python or 'none that sees the GPU'}",
+    gpu = gpu_env.card()
+    print(f"gpu-check: {gpu.get('name', 'GPU')}, driver {gpu.get('driver', '?')}; PyTorch: {torch_python or 'none that sees the GPU'}",
           flush=True)
     results = {"command": "make gpu-check", "tests": [], "bench": {}}
 
@@ -128,15 +129,16 @@ def main() -> int:
         results["bench"] = json.loads(bench_json.read_text())
     results["environment"] = results["bench"].get("environment") or {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "gpu": gpu_env.smi("name")[0][0], "driver": gpu_env.smi("driver_version")[0][0]}
-    results["bench_status"] = (f"Timed out after {budget:.0f} s." if timed_out else
-                               "" if rc == 0 else f"Exit status {rc}: {tail(log)}")
+        "gpu": gpu.get("name", "?"), "driver": gpu.get("driver"), "memory_mib": gpu.get("memory_total_mib")}
+    bad_bench = [s.get("name") for s in results["bench"].get("sections", []) if "error" in s]
+    results["bench_status"] = (f"Timed out after {budget:.0f} s." if timed_out else "" if rc == 0 else
+                               f"Sections that failed: {', '.join(bad_bench)} (below)." if bad_bench else
+                               f"Exit status {rc}: {tail(log)}")
     if not torch_python:
         results["bench_status"] += " No PyTorch sees the GPU: driver-only sections."
 
     report_path.write_text(report.render(results))
     failed = [t["test"] for t in results["tests"] if t["outcome"] == "failed"]
-    bad_bench = [s.get("name") for s in results["bench"].get("sections", []) if "error" in s]
     ok = not failed and not bad_bench and runner is not None and not timed_out and not tests_timed_out
     print(f"gpu-check: {len(results['tests'])} tests recorded, {len(failed)} failed"
           f"{'; bench errors: ' + ', '.join(bad_bench) if bad_bench else ''}; report: {report_path}"

@@ -70,6 +70,24 @@ def smi(query: str) -> list:
     return [[f.strip() for f in line.split(",")] for line in out.stdout.strip().splitlines()]
 
 
+def failure(argv, proc) -> str:
+    """One line for a probe that failed: its command, exit status and the last lines it wrote
+    (PyTorch's warnings come first; a crash writes nothing)."""
+    lines = [line.strip() for line in (proc.stderr or "").strip().splitlines() if line.strip()]
+    status = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+    return f"{Path(argv[1]).name} {' '.join(map(str, argv[2:]))}: {status}: {' / '.join(lines[-3:])[-600:]}"
+
+
+def card() -> dict:
+    """GPU 0's name, memory (MiB) and driver version as nvidia-smi says; fields it cannot give are absent."""
+    keys = ["name", "memory_total_mib", "driver"]
+    for query in ("name,memory.total,driver_version", "name,memory.total", "name"):
+        rows = smi(query)
+        if rows and len(rows[0]) == query.count(",") + 1:
+            return dict(zip(keys, rows[0]))
+    return {}
+
+
 def smi_apps() -> list:
     """MiB each compute process uses, as nvidia-smi outside libvgpu says."""
     out = subprocess.run(["nvidia-smi", "--query-compute-apps=used_memory", "--format=csv,noheader,nounits"],

@@ -38,7 +38,7 @@ FORCE = {"GPU_CORE_UTILIZATION_POLICY": "force"}
 def _run(argv, env_extra, timeout):
     out = subprocess.run(argv, env=gpu_env.clean_env(**env_extra), capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
-        raise RuntimeError(f"{Path(argv[1]).name} {argv[2:]} failed: {out.stderr.strip()[-500:]}")
+        raise RuntimeError(gpu_env.failure(argv, out))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -242,7 +242,7 @@ def spill_rows(_seconds):
 
 def environment():
     dev = gpu_env.device0()
-    smi = dict(zip(["name", "memory_total_mib", "driver"], gpu_env.smi("name,memory.total,driver_version")[0]))
+    smi = gpu_env.card()
     try:
         import torch
         versions = {"torch": torch.__version__, "torch_cuda": torch.version.cuda}

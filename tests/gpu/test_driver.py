@@ -20,9 +20,9 @@ SECONDS = 5
 
 def driver_probe(args, libvgpu=True, timeout=120, **env):
     extra = {"LD_PRELOAD": gpu_env.LIBVGPU} if libvgpu else {}
-    out = subprocess.run(PROBE + [str(a) for a in args], env=gpu_env.clean_env(**extra, **env),
-                         capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-2000:]
+    argv = PROBE + [str(a) for a in args]
+    out = subprocess.run(argv, env=gpu_env.clean_env(**extra, **env), capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, gpu_env.failure(argv, out)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -86,7 +86,7 @@ def test_default_two_containers_split_30_70(tmp_path, uuid, figures):
     got = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
+        assert proc.returncode == 0, gpu_env.failure(proc.args, subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
         got.append(json.loads(out.strip().splitlines()[-1]))
     work = [g["kernels_in_window"] for g in got]
     split = 100 * work[0] / sum(work)

@@ -17,9 +17,9 @@ LIMIT_MIB = 4096
 
 def run_probe(args, libvgpu=True, timeout=300, **env):
     extra = {"LD_PRELOAD": gpu_env.LIBVGPU} if libvgpu else {}
-    out = subprocess.run([TORCH_PYTHON, str(gpu_env.TORCH_PROBE)] + [str(a) for a in args],
-                         env=gpu_env.clean_env(**extra, **env), capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
+    argv = [TORCH_PYTHON, str(gpu_env.TORCH_PROBE)] + [str(a) for a in args]
+    out = subprocess.run(argv, env=gpu_env.clean_env(**extra, **env), capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, gpu_env.failure(argv, out)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
