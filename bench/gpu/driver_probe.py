@@ -248,21 +248,24 @@ def busy(args) -> dict:
                 span = (end - args.kernel_us * 1000, end)
             spans.append(span)
     origin = spans[0][0]
-    window = args.seconds * 1e9
-    bins = [0.0] * args.seconds
+    # the window: --seconds, or less where the kernels did not reach its end (whole seconds)
+    covered = max(end for _, end in spans) - origin
+    seconds = max(1, min(args.seconds, int(covered // 1e9)))
+    window = seconds * 1e9
+    bins = [0.0] * seconds
     done = 0.0                                    # kernels: the fractions of each inside the window
     for begin, end in spans:
         lo, hi = max(begin - origin, 0.0), min(end - origin, window)
         if hi <= lo:
             continue
         done += (hi - lo) / (end - begin) if end > begin else 1.0
-        for second in range(int(lo // 1e9), min(args.seconds, int(hi // 1e9) + 1)):
+        for second in range(int(lo // 1e9), min(seconds, int(hi // 1e9) + 1)):
             overlap = min(hi, (second + 1) * 1e9) - max(lo, second * 1e9)
             if overlap > 0:
                 bins[second] += overlap
     took = sorted((end - begin) / 1000 for begin, end in spans)
     return {"mode": args.mode, "kernel_us": args.kernel_us, "iters": iters, "clock": clock, "sms": spin.sms,
-            "blocks_per_sm": spin.blocks_per_sm, "grid": spin.grid, "block": BLOCK, "seconds": args.seconds,
+            "blocks_per_sm": spin.blocks_per_sm, "grid": spin.grid, "block": BLOCK, "seconds": seconds,
             "queue": queue, "kernels": len(spans), "kernels_in_window": done,
             "kernel_us_median": took[len(took) // 2], "busy_pct": sum(bins) / window * 100,
             "per_second_pct": [b / 1e7 for b in bins], "uuid": drv.uuid()}

@@ -35,9 +35,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     results = os.environ.get("HAMI_GPU_RESULTS")
-    if not results or (report.when != "call" and report.passed):
-        return
-    if report.when == "teardown" and report.passed:
+    if not results or (report.when != "call" and report.passed):   # a call's outcome, or a setup's skip/error
         return
     line = {"test": item.nodeid, "when": report.when, "outcome": report.outcome,
             "figures": getattr(item, "hami_figures", {}), "reason": _reason(report),
