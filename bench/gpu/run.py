@@ -208,21 +208,28 @@ def graph_rows(seconds):
 
 
 def init_rows(_seconds):
-    driver = {"native": [], "libvgpu": []}
+    driver, steps = {"native": [], "libvgpu": []}, {"native": [], "libvgpu": []}
     for _ in range(9):
-        driver["native"].append(dprobe(["init"])["driver_init_ms"])
-        driver["libvgpu"].append(dprobe(["init"], limited())["driver_init_ms"])
+        for label, env in (("native", {}), ("libvgpu", limited())):
+            got = dprobe(["init"], env)
+            driver[label].append(got["driver_init_ms"])
+            steps[label].append(got)
     torch_init = {"native": [], "libvgpu": []}
     for _ in range(3):
         torch_init["native"].append(probe(["init"])["cuda_init_ms"])
         torch_init["libvgpu"].append(probe(["init"], limited())["cuda_init_ms"])
+    added = {step: statistics.median(g[step] for g in steps["libvgpu"]) - statistics.median(g[step] for g in steps["native"])
+             for step in ("cuinit_ms", "context_ms", "first_alloc_ms")}
     rows = []
-    for label, got, n in (("driver: cuInit + primary context + 1 MiB", driver, 9),
-                          ("PyTorch: import torch, torch.cuda.init, first tensor", torch_init, 3)):
+    for label, got, n, split in (
+            ("driver: cuInit + primary context + 1 MiB", driver, 9,
+             " / ".join(f1(added[s]) for s in ("cuinit_ms", "context_ms", "first_alloc_ms"))),
+            ("PyTorch: import torch, torch.cuda.init, first tensor", torch_init, 3, "-")):
         nat, lib = statistics.median(got["native"]), statistics.median(got["libvgpu"])
-        rows.append([label, n, f1(nat), f1(lib), f1(lib - nat)])
+        rows.append([label, n, f1(nat), f1(lib), f1(lib - nat), split])
     return section("CUDA init, fresh processes, alternately native and under libvgpu (medians)",
-                   ["what", "processes each", "native ms", "libvgpu ms", "added ms"], rows)
+                   ["what", "processes each", "native ms", "libvgpu ms", "added ms",
+                    "added at cuInit / context / first allocation ms"], rows)
 
 
 def spill_rows(_seconds):
