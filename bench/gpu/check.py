@@ -90,7 +90,8 @@ def main() -> int:
 
     torch_python = gpu_env.torch_python()
     gpu = gpu_env.card()
-    print(f"gpu-check: {gpu.get('name', 'GPU')}, driver {gpu.get('driver', '?')}; PyTorch: {torch_python or 'none that sees the GPU'}",
+    print(f"gpu-check: {gpu.get('name', 'GPU')}, driver {gpu.get('driver', '?')}; "
+          f"PyTorch: {torch_python or 'none that sees the GPU'}",
           flush=True)
     results = {"command": "make gpu-check", "tests": [], "bench": {}}
 
@@ -102,7 +103,8 @@ def main() -> int:
     if runner is None:
         results["tests_status"] = "Not run: no Python with pytest here (`make venv` makes one)."
     else:
-        env = gpu_env.clean_env(HAMI_GPU_RESULTS=results_file, **({"HAMI_GPU_PYTHON": torch_python} if torch_python else {}))
+        env = gpu_env.clean_env(HAMI_GPU_RESULTS=results_file,
+                                **({"HAMI_GPU_PYTHON": torch_python} if torch_python else {}))
         budget = max(60.0, left() - BENCH_MIN_S)
         print(f"gpu-check: tests/gpu ({runner} -m pytest; at most {budget:.0f} s) ...", flush=True)
         log = work / "pytest.log"

@@ -19,8 +19,8 @@ TORCH_CHECK = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3
 def clean_env(**extra) -> dict:
     """This process's environment without libvgpu or its variables, plus `extra` (as strings)."""
     env = {k: v for k, v in os.environ.items()
-           if k != "LD_PRELOAD" and not k.startswith(("CUDA_DEVICE_MEMORY_", "CUDA_DEVICE_SM_LIMIT", "GPU_CORE_", "CUDA_ACTIVITY_",
-                                                       "CUDA_PRIORITY_", "CUDA_OVERSUBSCRIBE", "CUDA_TASK_"))}
+           if k != "LD_PRELOAD" and not k.startswith(("CUDA_DEVICE_MEMORY_", "CUDA_DEVICE_SM_LIMIT", "GPU_CORE_",
+                                                       "CUDA_ACTIVITY_", "CUDA_PRIORITY_", "CUDA_OVERSUBSCRIBE", "CUDA_TASK_"))}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -218,7 +218,8 @@ def init_rows(_seconds):
     for _ in range(3):
         torch_init["native"].append(probe(["init"])["cuda_init_ms"])
         torch_init["libvgpu"].append(probe(["init"], limited())["cuda_init_ms"])
-    added = {step: statistics.median(g[step] for g in steps["libvgpu"]) - statistics.median(g[step] for g in steps["native"])
+    added = {step: statistics.median(g[step] for g in steps["libvgpu"])
+             - statistics.median(g[step] for g in steps["native"])
              for step in ("cuinit_ms", "context_ms", "first_alloc_ms")}
     rows = []
     for label, got, n, split in (
@@ -301,7 +302,8 @@ def main():
         func = SECTIONS[name][0]
         left = args.budget - (time.monotonic() - started) if args.budget else None
         if left is not None and left < estimate(name, args.seconds):
-            got = {"title": name, "skipped": f"not run: {left:.0f} s of the budget left, ~{estimate(name, args.seconds)} s needed"}
+            need = estimate(name, args.seconds)
+            got = {"title": name, "skipped": f"not run: {left:.0f} s of the budget left, ~{need} s needed"}
         else:
             t0 = time.monotonic()
             try:

@@ -86,7 +86,8 @@ def test_default_two_containers_split_30_70(tmp_path, uuid, figures):
     got = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, gpu_env.failure(proc.args, subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        assert proc.returncode == 0, gpu_env.failure(proc.args, done)
         got.append(json.loads(out.strip().splitlines()[-1]))
     work = [g["kernels_in_window"] for g in got]
     split = 100 * work[0] / sum(work)
