@@ -111,6 +111,7 @@ def test_cuda_graph_under_force_30_is_held_to_the_share(figures):
 def test_cuda_graph_under_default_alone(tmp_path, uuid, graph_memory_only, figures):
     """`default` 30 %, the only container on its activity board: capture works and the replays run
     at the rate of the memory-limit-only run (work-conserving: ≥ 95 %)."""
+    _graph_ok(graph_memory_only)                      # the rate to compare with
     env = gpu_env.container_env(tmp_path, "alone", uuid, board=tmp_path / "board")
     got = run_probe(GRAPH, CUDA_DEVICE_MEMORY_LIMIT_0=f"{LIMIT_MIB}m", CUDA_DEVICE_SM_LIMIT=30,
                     GPU_CORE_UTILIZATION_POLICY="default", **env)
