@@ -25,7 +25,7 @@ CANNED = {
          "figures": {"busy_pct": 30.4123, "jitter_points": 1.25, "per_second_pct": [30.1, 30.7]}, "reason": ""},
         {"test": "tests/gpu/test_driver.py::test_libvgpu_adds_at_most_5_ms_to_cuda_init", "outcome": "failed",
          "figures": {"native_ms": 316.0, "libvgpu_ms": 326.0, "added_ms": 10.0},
-         "reason": "E       AssertionError: ([316, 317], [326, 327]) | x"},
+         "reason": "AssertionError: ([316, 317], [326, 327]) | x"},
         {"test": "tests/gpu/test_torch_limits.py::test_memory_limit_is_exact[]", "outcome": "skipped",
          "figures": {}, "reason": "no PyTorch here that sees the GPU"},
     ],

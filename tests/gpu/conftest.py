@@ -27,7 +27,7 @@ def _reason(report) -> str:
         return str(report.longrepr[2])
     lines = [line for line in str(report.longrepr).splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("E ")]
-    return (errors[0] if errors else lines[-1] if lines else "")[:400]
+    return (errors[0][1:].strip() if errors else lines[-1] if lines else "")[:400]
 
 
 @pytest.hookimpl(hookwrapper=True)
