@@ -187,7 +187,7 @@ def graph(args) -> dict:
                 done += 4
             per_second.append(done / (time.monotonic() - start))
 
-    result.update(_kernel_busy(torch, window) if args.profile else {})
+    result.update(_kernel_busy(torch, window) if args.profile else (window() or {}))
     result.update(replays_per_second=per_second, replays_mean=sum(per_second) / len(per_second))
     if args.oversize_mib:
         refusal = None
