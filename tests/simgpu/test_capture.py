@@ -192,3 +192,12 @@ def test_a_replay_books_its_kernels_on_the_device(sim_env):
     assert out["idle_util"] == 0                                # capture ran nothing
     assert 600 <= out["ms"] < 800                               # three 200 ms kernels, one after another
     assert 55 <= out["util"] <= 65                              # NVML: busy 0.6 s of the last second
+
+
+def test_an_executable_graph_is_updated_from_a_graph_of_the_same_topology(sim_env):
+    out = run(sim_env, "exec_update")
+    assert 20 <= out["before_ms"] < 40 and out["same"] == [0, 0]     # two 10 ms kernels, then two of 50 ms
+    assert 100 <= out["after_ms"] < 130
+    assert out["more"] == [910, 2]                                   # GRAPH_EXEC_UPDATE_FAILURE, TOPOLOGY_CHANGED
+    assert out["type"] == [910, 3]                                   # NODE_TYPE_CHANGED
+    assert out["third_deps"] == 1 and out["on_first"] == 1           # cuStreamUpdateCaptureDependencies(SET)

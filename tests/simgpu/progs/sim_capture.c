@@ -223,6 +223,62 @@ static void unsafe(const char *capture_mode, const char *where, const char *thre
     printf("{\"rc\": %d, \"status\": %d, \"end\": %d}\n", c.rc, during, end);
 }
 
+/* ---- an executable graph takes the parameters of a graph of the same topology ---- */
+static CUgraph capture_kernels(int n, uint64_t us, int memset_last)
+{
+    CUgraph g;
+    CHECK(cuStreamBeginCapture_v2(s1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int i = 0; i < n; i++)
+        CHECK(i == n - 1 && memset_last ? cuMemsetD8Async(dbuf, 0, 64, s1) : launch(s1, us));
+    CHECK(cuStreamEndCapture(s1, &g));
+    return g;
+}
+
+static double launch_ms(CUgraphExec e)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK(cuGraphLaunch(e, s1));
+    CHECK(cuStreamSynchronize(s1));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+}
+
+static void exec_update(void)
+{
+    CUgraphExec e;
+    CHECK(cuGraphInstantiateWithFlags(&e, capture_kernels(2, 10000, 0), 0));
+    double before = launch_ms(e);
+    CUgraphExecUpdateResultInfo info;
+    int same = cuGraphExecUpdate_v2(e, capture_kernels(2, 50000, 0), &info);
+    int same_result = info.result;
+    double after = launch_ms(e);
+    int more = cuGraphExecUpdate_v2(e, capture_kernels(3, 10000, 0), &info);
+    int more_result = info.result;
+    int type = cuGraphExecUpdate_v2(e, capture_kernels(2, 10000, 1), &info);
+    int type_result = info.result;
+    /* a capture whose dependency set is replaced: the next node depends on the first only */
+    CUgraph g;
+    CUstreamCaptureStatus st;
+    const CUgraphNode *deps;
+    size_t n = 0;
+    CHECK(cuStreamBeginCapture_v2(s1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(launch(s1, 10));
+    CHECK(cuStreamGetCaptureInfo_v2(s1, &st, NULL, NULL, &deps, &n));
+    CUgraphNode first = deps[0];
+    CHECK(launch(s1, 10));
+    CHECK(cuStreamUpdateCaptureDependencies(s1, &first, 1, 1));
+    CHECK(launch(s1, 10));
+    CHECK(cuStreamEndCapture(s1, &g));
+    CUgraphNode all[3], third_deps[2];
+    size_t count = 3, ndeps = 2;
+    CHECK(cuGraphGetNodes(g, all, &count));
+    CHECK(cuGraphNodeGetDependencies(all[2], third_deps, &ndeps));
+    printf("{\"before_ms\": %.0f, \"same\": [%d, %d], \"after_ms\": %.0f, \"more\": [%d, %d], \"type\": [%d, %d], "
+           "\"third_deps\": %zu, \"on_first\": %d}\n", before, same, same_result, after, more, more_result, type,
+           type_result, ndeps, ndeps == 1 && third_deps[0] == first);
+}
+
 /* ---- after an invalidation: what the dead capture still refuses ---- */
 static void after_invalid(void)
 {
@@ -552,6 +608,7 @@ int main(int argc, char **argv)
     else if (!strcmp(a, "wrong_thread") && argc == 3) wrong_thread(argv[2]);
     else if (!strcmp(a, "fork_join")) fork_join();
     else if (!strcmp(a, "after_invalid")) after_invalid();
+    else if (!strcmp(a, "exec_update")) exec_update();
     else if (!strcmp(a, "node_kinds")) node_kinds();
     else if (!strcmp(a, "graph_memory")) graph_memory();
     else if (!strcmp(a, "graph_oom")) graph_oom();
