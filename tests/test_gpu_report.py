@@ -1,6 +1,7 @@
 """`make gpu-check` where there is no GPU (this machine): its report writer from a canned run,
-its one-line answer without a GPU, its scripts' command lines, and driver_probe.py's GPU-time
-measure running unchanged on the simulated driver."""
+its one-line answer without a GPU, its scripts' command lines, and the probes tests/gpu runs,
+unchanged, on the simulated driver: driver_probe.py's GPU-time measure and torch_probe.py's
+CUDA graph capture under a limit."""
 import json
 import os
 import re
@@ -112,3 +113,25 @@ def test_driver_probe_measures_gpu_time_on_the_simulated_driver(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["clock"] == "nominal" and got["grid"] == got["sms"] * got["blocks_per_sm"] and got["kernels"] > 0
     assert abs(got["busy_pct"] - 30) <= 5, got
+
+
+def test_torch_probe_captures_and_replays_a_graph_under_a_limit_on_the_simulated_driver(tmp_path):
+    """tests/gpu's graph measure on the simulated driver (fp32: the simulator runs PyTorch's fp32
+    matmuls): capture and replay under a 4096 MiB limit, the replay's result, and a captured
+    8192 MiB allocation refused with OutOfMemoryError, the process capturing again after it."""
+    python = ROOT / "build" / "torch" / "venv" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no build/torch/venv: make torch")
+    (tmp_path / "sim.conf").write_text("devices = 1\nmemory_mib = 16384\ncuda_version = 13000\nkernel_us = 100\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LD_LIBRARY_PATH": str(SIM_LIB),
+           "HAMI_SIM_CONFIG": str(tmp_path / "sim.conf"), "HAMI_SIM_STATE": str(tmp_path / "gpu.state"),
+           "LD_PRELOAD": str(LIBVGPU), "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m"}
+    out = subprocess.run([str(python), str(ROOT / "bench/gpu/torch_probe.py"), "graph", "--seconds", "1", "--size",
+                          "256", "--matmuls", "2", "--dtype", "float32", "--oversize-mib", "8192"],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["capture_ok"], got
+    assert got["replay_max_abs_diff"] < 0.05 and got["replays_mean"] > 0, got
+    assert got["oversize_refusal"]["error"] == "OutOfMemoryError", got
+    assert got["capture_after_refusal_ok"] and got["replay_after_refusal_max_abs_diff"] < 0.05, got
