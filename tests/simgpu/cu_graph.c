@@ -58,6 +58,7 @@ struct sim_graph {
     size_t count;
     int registered;                      /* a CUgraph handle (not an executable's private copy) */
     int has_mem;                         /* holds memory allocation or free nodes */
+    _Atomic int capturing;               /* a capture adds to it */
     struct sim_exec *exec;               /* with memory nodes: its one executable graph */
 };
 
@@ -200,6 +201,8 @@ static struct sim_graph *graph_alloc(int registered)
 }
 
 struct sim_graph *sim_graph_new(void) { return graph_alloc(1); }
+
+void sim_graph_set_capturing(struct sim_graph *g, int on) { g->capturing = on; }
 
 static void node_free(struct sim_graph_node *n, int registered)
 {
@@ -974,7 +977,7 @@ CUresult cuGraphDestroy(CUgraph hGraph)
 {
     SIM_REQUIRE_INIT();
     struct sim_graph *g = sim_handle_get((uintptr_t)hGraph, SIM_KIND_GRAPH);
-    if (!g)
+    if (!g || g->capturing)              /* "all operations other than destroy" while capturing into it */
         return CUDA_ERROR_INVALID_VALUE;
     sim_graph_free(g);
     return CUDA_SUCCESS;

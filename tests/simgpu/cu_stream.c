@@ -340,6 +340,7 @@ static void end_capture_locked(struct sim_capture *c)
             *p = c->next;
             break;
         }
+    sim_graph_set_capturing(c->graph, 0);
     open_captures--;
     free(c);
 }
@@ -964,6 +965,7 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
     c->thread = pthread_self();
     c->origin = s;
     c->graph = sim_graph_new();
+    sim_graph_set_capturing(c->graph, 1);
     c->next = captures;
     captures = c;
     open_captures++;

@@ -294,6 +294,7 @@ void sim_stream_enqueue_event_wait(struct sim_stream *s, CUevent ev);
 /* cu_graph.c */
 struct sim_graph *sim_graph_new(void);            /* registered as a CUgraph handle */
 void sim_graph_free(struct sim_graph *g);         /* unregisters it */
+void sim_graph_set_capturing(struct sim_graph *g, int on);  /* a capture's graph: cuGraphDestroy refuses it */
 CUresult sim_graph_add(struct sim_graph *g, struct sim_graph_node *const *deps, size_t ndeps,
                        struct sim_node_desc *d, struct sim_graph_node **out);
 /* Whether `a` is `b` or one of its ancestors. */

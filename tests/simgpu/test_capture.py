@@ -30,7 +30,7 @@ def run(sim_env, *args, config=None, tmp_path=None):
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
 def test_a_capture_in_each_mode_makes_a_graph_of_what_was_queued(sim_env, mode):
     out = run(sim_env, "mode", mode)
-    assert out == {"begin": 0, "again": ILLEGAL_STATE, "kernel": 0, "info": 0, "status": ACTIVE, "id": 1,
+    assert out == {"destroy": INVALID_VALUE, "begin": 0, "again": ILLEGAL_STATE, "kernel": 0, "info": 0, "status": ACTIVE, "id": 1,
                    "graph_same": 1, "deps": 1, "type": KERNEL, "end": 0, "nodes": 1, "after": NONE,
                    "end_again": ILLEGAL_STATE}
 

@@ -71,12 +71,13 @@ static void modes(const char *which)
     CUgraphNodeType type = 99;
     if (ndeps == 1)
         cuGraphNodeGetType(deps[0], &type);
+    int destroy = cuGraphDestroy(g);                  /* not while capturing into it */
     CUgraph out = NULL;
     int end = cuStreamEndCapture(s1, &out);
-    printf("{\"begin\": %d, \"again\": %d, \"kernel\": %d, \"info\": %d, \"status\": %d, \"id\": %d, "
+    printf("{\"destroy\": %d, \"begin\": %d, \"again\": %d, \"kernel\": %d, \"info\": %d, \"status\": %d, \"id\": %d, "
            "\"graph_same\": %d, \"deps\": %zu, \"type\": %d, \"end\": %d, \"nodes\": %zu, \"after\": %d, "
            "\"end_again\": %d}\n",
-           begin, again, kernel, info, (int)st, id > 0, g == out, ndeps, (int)type, end, nodes(out), status(s1),
+           destroy, begin, again, kernel, info, (int)st, id > 0, g == out, ndeps, (int)type, end, nodes(out), status(s1),
            cuStreamEndCapture(s1, &out));
 }
 
