@@ -210,8 +210,8 @@ static void node_free(struct sim_graph_node *n, int registered)
         sim_handle_take((uintptr_t)n, SIM_KIND_GRAPH_NODE);
     if (n->ga) {
         pthread_mutex_lock(&gm_lock);
-        if (n->d.type == CU_GRAPH_NODE_TYPE_MEM_FREE)
-            n->ga->freed_by_graph = 0;   /* no graph frees it any more */
+        if (n->d.type == CU_GRAPH_NODE_TYPE_MEM_FREE && registered)
+            n->ga->freed_by_graph = 0;   /* no graph frees it any more (an executable's copy is not one) */
         galloc_unref_locked(n->ga);
         pthread_mutex_unlock(&gm_lock);
     }
