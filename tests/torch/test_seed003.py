@@ -1,8 +1,6 @@
 """Seed 003's isolation test, through hami-runtime and runc on the simulated GPU: a
 ResNet-18 (bench/gpu/torch_probe.py builds it from torch.nn, as torchvision's) trains on
-dummy data in containers whose image is the runtime tests' busybox rootfs with the
-PyTorch environment, the host's Python and its shared libraries bound in read-only; the
-runtime injects the driver and libvgpu as for any container.
+dummy data in containers (tests/torch/containers.py).
 
 - memory: with a 20000 MiB slice on a 24 GiB card, the largest tensor that fits beside
   the model is what the slice leaves after the process's context and libraries and the
@@ -13,65 +11,19 @@ runtime injects the driver and libvgpu as for any container.
   fills its slice while the other holds its own.
 
 The same probe runs on a real GPU (tests/gpu/test_torch_limits.py)."""
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 # the runtime tests' node (config, runc root, bundles) and its fixtures
 from tests.runtime.conftest import node, rootfs, sim_copy, spec_template  # noqa: F401
 
-from tests.torch.conftest import CUDA_VERSION, PROBE, TORCH_PYTHON, TORCH_VENV
+from tests.torch.containers import result, run, start, torch_bundle, use_card
 
-HOST_LIBS = "/usr/lib/x86_64-linux-gnu"   # libstdc++, libzstd, ... for Python, PyTorch and the driver
 KERNEL_US = 430                            # a step of ResNet-18 (~420 kernels) books ~0.18 s of the card
-
-
-def read_only(path) -> dict:
-    path = str(path)
-    return {"destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"]}
-
-
-def use_card(node, card_mib: int) -> dict:  # noqa: F811
-    """The node's simulated card, one of card_mib with a CUDA 13 driver, for the runtime and its
-    containers; the env to run the runtime with."""
-    node.simulate(devices=1, memory_mib=card_mib, cuda_version=CUDA_VERSION, kernel_us=KERNEL_US)
-    return node.env
-
-
-def torch_bundle(node, name, annotations, *probe_args, writable=()):  # noqa: F811
-    bundle = node.bundle(name, annotations, env=["HOME=/tmp"],
-                         args=(str(TORCH_PYTHON), str(PROBE), *map(str, probe_args)))
-    spec = json.loads((bundle / "config.json").read_text())
-    spec["mounts"] += [read_only(p) for p in (TORCH_VENV, Path(sys.base_prefix), PROBE.parent, HOST_LIBS)]
-    spec["mounts"] += [{"destination": str(p), "type": "bind", "source": str(p), "options": ["rbind", "rw"]}
-                       for p in writable]
-    (bundle / "config.json").write_text(json.dumps(spec))
-    return bundle
-
-
-def start(node, env, bundle, cid):  # noqa: F811
-    """`hami-runtime run` of one container in the background; its output in files of its own."""
-    out, err = (open(node.tmp / f"{cid}.{s}", "w+") for s in ("out", "err"))
-    argv = node.runtime_argv("run", "--bundle", str(bundle), cid)
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=node.tmp), out, err
-
-
-def result(proc, out, err, timeout=600) -> dict:
-    assert proc.wait(timeout=timeout) == 0, (out.seek(0) or out.read()[-3000:]) + (err.seek(0) or err.read()[-3000:])
-    out.seek(0)
-    return json.loads(out.read().strip().splitlines()[-1])
-
-
-def run(node, env, bundle, cid) -> dict:  # noqa: F811
-    return result(*start(node, env, bundle, cid))
 
 
 @pytest.fixture
 def card24(node):  # noqa: F811
-    return use_card(node, 24576)
+    return use_card(node, 24576, KERNEL_US)
 
 
 def test_seed003_memory_the_largest_tensor_beside_a_resnet(node, card24):  # noqa: F811
@@ -107,7 +59,7 @@ def test_seed003_sm_a_step_at_30_percent_takes_longer_than_at_60(node, card24): 
 
 
 def test_two_containers_with_4_gib_slices_train_at_once_on_an_8_gib_card(node, tmp_path):  # noqa: F811
-    env = use_card(node, 8192)
+    env = use_card(node, 8192, KERNEL_US)
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     barrier.chmod(0o777)
