@@ -1,8 +1,11 @@
-"""CUDA graphs from PyTorch on the simulated driver, bare: torch.cuda.graph capture and
+"""CUDA graphs from PyTorch on the simulated driver, bare and under libvgpu (a memory
+limit, an SM limit under `force` and under `default`): torch.cuda.graph capture and
 replay, make_graphed_callables, with the native caching allocator and with cudaMallocAsync
 (whose allocations during capture become graph memory). The capture is the driver's
 (cuStreamBeginCapture ... cuStreamEndCapture), so what PyTorch may not do while capturing
-fails here as on a GPU."""
+fails here as on a GPU, and what libvgpu does around launches must not make it fail. Under
+a memory limit a captured allocation past the slice is refused with an out-of-memory error
+and leaves nothing charged."""
 import json
 import subprocess
 import textwrap
@@ -66,7 +69,26 @@ try:
 except Exception as e:
     error = str(e)
 torch.cuda.synchronize()                       # the stream is usable again afterwards
-print(json.dumps({"capturing": capturing, "capture_s": capture_s, "replay_s": replay_s, "shape": list(y.shape),
+
+# a captured allocation past the slice: refused when the graph's memory is committed
+# (cudaMallocAsync) or at once (the native allocator's private pool)
+big_error, free_before_big = "", torch.cuda.mem_get_info()[0]
+if os.environ.get("BIG_MIB"):
+    huge = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(huge):
+            big = torch.empty(int(os.environ["BIG_MIB"]) << 20, dtype=torch.uint8, device="cuda")
+            big.fill_(1)
+        huge.replay()
+        torch.cuda.synchronize()
+    except Exception as e:
+        big_error = str(e)
+    del huge
+    torch.cuda.synchronize()
+free_after_big = torch.cuda.mem_get_info()[0]
+print(json.dumps({"total_mib": torch.cuda.mem_get_info()[1] >> 20, "big_error": big_error,
+                  "free_before_big": free_before_big, "free_after_big": free_after_big,
+                  "capturing": capturing, "capture_s": capture_s, "replay_s": replay_s, "shape": list(y.shape),
                   "out_shape": list(out.shape), "graph_used": used_after_replay, "error": error}), flush=True)
 # autograd's worker thread can still be dropping its last task while the interpreter finalises,
 # which aborts now and then ("terminate called without an active exception", with or without
@@ -75,14 +97,33 @@ os._exit(0)
 """
 
 
+LIMIT_MIB = 4096
+# libvgpu's env in each case (None: bare); `default` alone has no activity board: held as `force`
+UNDER = {
+    "bare": None,
+    "memory limit": {},
+    "force 30%": {"CUDA_DEVICE_SM_LIMIT": "30", "GPU_CORE_UTILIZATION_POLICY": "force"},
+    "default 30%": {"CUDA_DEVICE_SM_LIMIT": "30", "GPU_CORE_UTILIZATION_POLICY": "default"},
+}
+
+
+@pytest.mark.parametrize("under", UNDER)
 @pytest.mark.parametrize("alloc_conf", ["", "backend:cudaMallocAsync"], ids=["native", "cudaMallocAsync"])
-def test_graph_capture_replay_and_graphed_callables(torch_env, tmp_path, alloc_conf):
-    machine = TorchMachine(tmp_path, 16384, kernel_us=2000)
-    env = {**machine.env, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf}
+def test_graph_capture_replay_and_graphed_callables(torch_env, tmp_path, alloc_conf, under):
+    limited = UNDER[under] is not None
+    machine = TorchMachine(tmp_path, 16384, limit_mib=LIMIT_MIB if limited else 0, kernel_us=2000,
+                           env=UNDER[under])
+    env = {**machine.env, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf, "BIG_MIB": str(LIMIT_MIB + 1024)}
     proc = subprocess.run([str(TORCH_PYTHON), "-c", textwrap.dedent(SCRIPT)], env=env, capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if limited:
+        assert out["total_mib"] == LIMIT_MIB
+        assert "out of memory" in out["big_error"].lower(), out["big_error"]
+        assert out["free_after_big"] == out["free_before_big"]   # nothing left charged
+    else:                                                # the card holds it
+        assert out["big_error"] == ""
     assert out["capturing"] is True                      # the driver's capture, not an emulation
     assert out["shape"] == [512, 512] and out["out_shape"] == [32, 10]
     # a replay runs the captured kernels (at least the two matmuls and the ReLU, 2 ms each);
