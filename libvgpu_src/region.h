@@ -70,6 +70,7 @@
 
 /* Where the runtime puts them in a container (hami_runtime/lifecycle/modifiers.py
  * says the same; a test checks that they agree). */
+#define HAMI_RUNTIME_LIBVGPU "/usr/local/vgpu/libvgpu.so"
 #define HAMI_LIMITS_PATH "/usr/local/vgpu/limits"
 #define HAMI_RUNTIME_REGION_DIR "/usr/local/vgpu/shared"
 #define HAMI_RUNTIME_REGION_PATH HAMI_RUNTIME_REGION_DIR "/vgpu.region"

@@ -141,9 +141,9 @@ def header_paths():
 def test_container_paths_are_libvgpus():
     """Where the runtime mounts libvgpu's files is where libvgpu looks for them."""
     paths = header_paths()
-    assert (paths["HAMI_LIMITS_PATH"], paths["HAMI_RUNTIME_REGION_DIR"], paths["HAMI_RUNTIME_ACTIVITY_BOARD"],
-            paths["HAMI_RUNTIME_PRIORITY_BOARD"]) == \
-        (m.LIMITS_PATH, m.REGION_DIR, m.ACTIVITY_BOARD_DIR, m.PRIORITY_BOARD_DIR)
+    assert (paths["HAMI_RUNTIME_LIBVGPU"], paths["HAMI_LIMITS_PATH"], paths["HAMI_RUNTIME_REGION_DIR"],
+            paths["HAMI_RUNTIME_ACTIVITY_BOARD"], paths["HAMI_RUNTIME_PRIORITY_BOARD"]) == \
+        (m.LIBVGPU_PATH, m.LIMITS_PATH, m.REGION_DIR, m.ACTIVITY_BOARD_DIR, m.PRIORITY_BOARD_DIR)
     from hami_runtime.lifecycle import boards
     from hami_runtime.node import region
     assert paths["HAMI_RUNTIME_REGION_PATH"] == f"{m.REGION_DIR}/{region.REGION_FILE_NAME}"
