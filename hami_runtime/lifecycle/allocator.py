@@ -128,6 +128,13 @@ def _room(cap: Capacity, used: Usage, mem_mib: int, cores: int, block: str = "")
     return ""
 
 
+def node_has(gpus: list[GpuInfo]) -> str:
+    """'the node has 2 GPU(s)' (and its MIG instances), for a refusal."""
+    instances = sum(1 for g in gpus if g.is_mig)
+    text = f"the node has {len(gpus) - instances} GPU(s)"
+    return text + (f" and {instances} MIG instance(s)" if instances else "")
+
+
 def allocate(request, gpus: list[GpuInfo], entries: Iterable[Mapping], *, split_count: int,
              memory_scaling: float, default_memory_mib: int = 0, default_cores: int = 0,
              policy: str = "binpack", invalid: Mapping[str, Mapping] = {}) -> list[Grant]:
@@ -157,19 +164,23 @@ def allocate(request, gpus: list[GpuInfo], entries: Iterable[Mapping], *, split_
     cores = request.cores if request.cores is not None else default_cores
     candidates = [g for g in gpus if _matches(request, g)]
     if not candidates:
-        raise HamiError("request", request.describe(), "no GPU on this node matches its filters")
-    fitting, reasons = [], []
+        raise HamiError("request", request.describe(),
+                        f"no GPU on this node matches its filters ({node_has(gpus)})")
+    fitting, states = [], []
     for gpu in candidates:
         mem = gpu.memory_mib if gpu.is_mig else wanted_mib(request, caps[gpu.uuid], default_memory_mib)
-        why = _room(caps[gpu.uuid], used.get(gpu.uuid, Usage()), mem, 0 if gpu.is_mig else cores,
-                    block.get(gpu.uuid, ""))
+        u = used.get(gpu.uuid, Usage())
+        why = _room(caps[gpu.uuid], u, mem, 0 if gpu.is_mig else cores, block.get(gpu.uuid, ""))
         if why:
-            reasons.append(f"GPU {gpu.name}: {why}")
+            states.append(f"GPU {gpu.name}: {why}")
         else:
             fitting.append((gpu, mem))
+            states.append(f"GPU {gpu.name} has room ({caps[gpu.uuid].mem_mib - u.mem_mib} of "
+                          f"{caps[gpu.uuid].mem_mib} MiB free, {mem} asked)")
     if len(fitting) < count:
-        raise HamiError("request", request.describe(),
-                        f"{len(fitting)} of {count} GPU(s) have room ({'; '.join(reasons)})")
+        matched = "" if len(candidates) == len(gpus) else f", {len(candidates)} match the request"
+        raise HamiError("request", request.describe(), f"{len(fitting)} of {count} GPU(s) have room: "
+                        f"{node_has(gpus)}{matched}; {'; '.join(states)}")
 
     def load(item):
         gpu, _ = item

@@ -155,3 +155,23 @@ def test_mig_refusals(annotations, env, field, text):
     with pytest.raises(HamiError, match=text) as caught:
         run_mig(annotations, env)
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize("annotations,entries,reason", [
+    # more GPUs asked than the node has: it says how many it has and what each has free
+    ({"hami.io/gpu": "3"}, [],
+     "2 of 3 GPU(s) have room: the node has 2 GPU(s); GPU 0 has room (40960 of 40960 MiB free, "
+     "40960 asked); GPU 1 has room (81920 of 81920 MiB free, 81920 asked)"),
+    ({"hami.io/gpumem": "50000"}, [entry(("GPU-1", 40000, 0))],
+     "0 of 1 GPU(s) have room: the node has 2 GPU(s); GPU 0: 40960 of 40960 MiB free, 50000 asked; "
+     "GPU 1: 41920 of 81920 MiB free, 50000 asked"),
+    ({"hami.io/gpu": "2", "hami.io/gpumem": "5", "hami.io/use-gputype": "h100"}, [],
+     "1 of 2 GPU(s) have room: the node has 2 GPU(s), 1 match the request; GPU 1 has room "
+     "(81920 of 81920 MiB free, 5 asked)"),
+    ({"hami.io/gpumem": "5", "hami.io/use-gputype": "v100"}, [],
+     "no GPU on this node matches its filters (the node has 2 GPU(s))"),
+])
+def test_capacity_refusals_say_what_the_node_has(annotations, entries, reason):
+    with pytest.raises(HamiError) as refused:
+        run(annotations, entries)
+    assert refused.value.reason == reason and "()" not in refused.value.line()
