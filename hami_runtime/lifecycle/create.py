@@ -84,6 +84,19 @@ def hook_argv(cfg: Config, runc_root: str) -> list[str]:
     return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root]
 
 
+def distinct_files(driver_files) -> list:
+    """One mount per driver file and name: an ld cache that lists a library
+    under two directories that are one (a merged /usr: /lib/x86_64-linux-gnu and
+    /usr/lib/x86_64-linux-gnu) gives it once, where it lists it first."""
+    seen, kept = set(), []
+    for f in driver_files:
+        key = (f.host_path, os.path.basename(f.container_path))
+        if key not in seen:
+            seen.add(key)
+            kept.append(f)
+    return kept
+
+
 def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
                     request, marker: dict, launcher=None) -> "modifiers.Injection":
     from . import boards, container_files, modifiers, state_layout
@@ -272,8 +285,8 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
     gpus = discovery_cache.gpus(cfg)
     majors = device_majors(cfg)
-    driver_files = driver_capabilities.chosen(discovery_cache.driver_files(cfg), driver_capabilities.parse(
-        requests.env_map(env).get(driver_capabilities.VARIABLE)))
+    capabilities = driver_capabilities.parse(requests.env_map(env).get(driver_capabilities.VARIABLE))
+    driver_files = distinct_files(driver_capabilities.chosen(discovery_cache.driver_files(cfg), capabilities))
     name = state_layout.alloc_name(inv.root, cid)
     creator = {"pid": os.getpid(), "start": process_start(os.getpid())}
     request, how, refusal = plan.request, plan.why, None
