@@ -1,0 +1,41 @@
+"""Where a config value came from, for a refusal that names a config key: the
+file that sets it, or the default, and which file was read (or that none was).
+
+Used only on the refusal path: it reads the config file again, as written.
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+from . import config
+from .errors import HamiError
+
+PREFIX = "config "
+
+
+def origin(key: str, path: str) -> str:
+    """key: a top-level config key; path: the file the config was read from
+    ("" where none was: the defaults)."""
+    if not path:
+        return f"the default: no config file at {config.DEFAULT_PATH}, and HAMI_CONFIG is unset"
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except (OSError, ValueError):
+        return f"from {path}"
+    return f"set in {path}" if key in raw else f"the default: {path} does not set {key}"
+
+
+def explain(exc: HamiError, path: str | None) -> HamiError:
+    """The refusal with where its config value came from; unchanged for a
+    field that is no config key, or where the config was not read (the error
+    reading it names the file)."""
+    if path is None or not exc.field.startswith(PREFIX):
+        return exc
+    key = re.split(r"[.\[]", exc.field[len(PREFIX):], maxsplit=1)[0]
+    return HamiError(exc.field, exc.value, f"{exc.reason} ({origin(key, path)})")
