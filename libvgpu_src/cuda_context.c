@@ -153,12 +153,27 @@ static uint64_t measured(const struct snapshot *before, const struct snapshot *a
                : 0;
 }
 
+/* What the driver shows the container's other processes holding: every process but
+ * this one (`mine`) whose pid a live slot of the region names. */
+static uint64_t others_held(const struct snapshot *snap, const nvmlProcessInfo_t *mine)
+{
+    uint64_t held = 0;
+    for (unsigned int i = 0; i < snap->count; i++) {
+        const nvmlProcessInfo_t *p = &snap->procs[i];
+        if (p != mine && p->pid != (unsigned int)getpid() && p->usedGpuMemory != NVML_VALUE_NOT_AVAILABLE_ULL &&
+            hami_region_has_pid(p->pid))
+            held += p->usedGpuMemory;
+    }
+    return held;
+}
+
 /* ---- what the driver allocated on its own ---- */
 
 #define RECONCILE_EVERY_NS 100000000ull
 
 static uint64_t growth[HAMI_MAX_DEVICES];      /* charged by reconciliation, per device */
 static uint64_t reconciled_ns[HAMI_MAX_DEVICES];
+static CUdevice reconciled_dev[HAMI_MAX_DEVICES];  /* the CUDA device of each region index, once seen */
 static pthread_mutex_t reconcile_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The driver's per-process count is the truth: what it holds for this process beyond
@@ -185,6 +200,7 @@ void hami_reconcile(int index, CUdevice dev)
         return;
     }
     __atomic_store_n(&reconciled_ns[index], now, __ATOMIC_RELAXED);
+    __atomic_store_n(&reconciled_dev[index], dev + 1, __ATOMIC_RELAXED);
     static struct snapshot snap;   /* under reconcile_lock */
     uint64_t ours = hami_mem_own(index);
     take_snapshot(nvml_handle(dev), &snap);
@@ -208,8 +224,24 @@ void hami_reconcile(int index, CUdevice dev)
         }
         growth[index] = target;
     }
+    hami_mem_others_seen(index, others_held(&snap, mine));
     pthread_mutex_unlock(&reconcile_lock);
     pthread_mutex_unlock(&ctx_lock);
+}
+
+/* Before a charge is refused: the driver asked again at once. */
+static void reconcile_now(int index)
+{
+    CUdevice dev = (CUdevice)__atomic_load_n(&reconciled_dev[index], __ATOMIC_RELAXED) - 1;
+    if (dev < 0)
+        return;
+    __atomic_store_n(&reconciled_ns[index], 0, __ATOMIC_RELAXED);
+    hami_reconcile(index, dev);
+}
+
+__attribute__((constructor)) static void register_driver_refresh(void)
+{
+    hami_mem_driver_refresh(reconcile_now);
 }
 
 /* ---- primary contexts ---- */

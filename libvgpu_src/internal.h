@@ -153,6 +153,11 @@ void hami_res_take_ctx(CUcontext ctx, void (*fn)(const struct hami_res *res));
  * once at load) runs before a charge is refused, to settle every pool's charge. */
 void hami_mem_release_ctx(CUcontext ctx);
 void hami_mem_before_refusal(void (*settle)(void));
+/* memory.c: what the driver shows the container's other processes holding on `dev`
+ * (cuda_context.c's reconciliation says it), a floor under the region's counters; and
+ * the context layer's way to ask again before a charge is refused (set once at load). */
+void hami_mem_others_seen(int dev, uint64_t bytes);
+void hami_mem_driver_refresh(void (*refresh)(int dev));
 
 /* cuda_context.c: the region index of the current context's device (-1 if none);
  * charges what the driver holds for this process beyond what the hooks charged

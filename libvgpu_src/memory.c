@@ -19,6 +19,14 @@ static pthread_once_t own_once = PTHREAD_ONCE_INIT;
 
 /* The allocation layer's: settles its pools' charges before a charge is refused. */
 static void (*before_refusal)(void);
+/* The context layer's: asks the driver again what the container's processes hold. */
+static void (*driver_refresh)(int dev);
+
+/* What the driver said the container's *other* processes held on each device when this
+ * process last asked (cuda_context.c reconciles every 100 ms at most). The region is
+ * the container's to write: a charge is also checked against that plus this process's
+ * own count, so zeroed or forged counters let no process past the limit. */
+static uint64_t others_seen[HAMI_MAX_DEVICES];
 
 static void own_forget_in_child(void)
 {
@@ -94,7 +102,8 @@ static int try_charge(int dev, uint64_t bytes, uint64_t limit)
     int rc = 0;
     uint64_t own = __atomic_add_fetch(&own_used[dev], bytes, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
-    if (limit && (own > limit || hami_mem_container_used(dev) > limit)) {
+    uint64_t others = __atomic_load_n(&others_seen[dev], __ATOMIC_RELAXED);
+    if (limit && (own > limit || others + own > limit || hami_mem_container_used(dev) > limit)) {
         __atomic_fetch_sub(&self->mem_used[dev], bytes, __ATOMIC_SEQ_CST);
         __atomic_fetch_sub(&own_used[dev], bytes, __ATOMIC_SEQ_CST);
         rc = -1;
@@ -108,6 +117,28 @@ void hami_mem_before_refusal(void (*settle)(void))
     __atomic_store_n(&before_refusal, settle, __ATOMIC_RELEASE);
 }
 
+void hami_mem_driver_refresh(void (*refresh)(int dev))
+{
+    __atomic_store_n(&driver_refresh, refresh, __ATOMIC_RELEASE);
+}
+
+void hami_mem_others_seen(int dev, uint64_t bytes)
+{
+    static int disagreeing[HAMI_MAX_DEVICES];   /* said once per episode, not at every look */
+    if (dev < 0 || dev >= HAMI_MAX_DEVICES)
+        return;
+    __atomic_store_n(&others_seen[dev], bytes, __ATOMIC_RELAXED);
+    uint64_t all = hami_mem_container_used(dev), own = hami_mem_own(dev);
+    uint64_t counted = all > own ? all - own : 0;
+    int disagrees = bytes > counted + (64ull << 20);   /* well past what reconciliation lags by */
+    if (disagrees && !__atomic_exchange_n(&disagreeing[dev], 1, __ATOMIC_RELAXED))
+        hami_error("device %d: the driver shows the container's other processes holding %llu MiB, its "
+                   "counters %llu MiB: the region was written; the driver's figure holds", dev,
+                   (unsigned long long)(bytes >> 20), (unsigned long long)(counted >> 20));
+    else if (!disagrees)
+        __atomic_store_n(&disagreeing[dev], 0, __ATOMIC_RELAXED);
+}
+
 int hami_mem_charge(int dev, uint64_t bytes)
 {
     if (dev < 0 || dev >= HAMI_MAX_DEVICES || bytes == 0)
@@ -118,17 +149,22 @@ int hami_mem_charge(int dev, uint64_t bytes)
     if (bytes <= limit) {
         if (try_charge(dev, bytes, limit) == 0)
             return 0;
-        /* Before refusing: give back what exited processes and released pool memory held. */
+        /* Before refusing: give back what exited processes and released pool memory held,
+         * and ask the driver again what the others hold now. */
         hami_region_reclaim_dead();
         void (*settle)(void) = __atomic_load_n(&before_refusal, __ATOMIC_ACQUIRE);
         if (settle)
             settle();
+        void (*refresh)(int) = __atomic_load_n(&driver_refresh, __ATOMIC_ACQUIRE);
+        if (refresh)
+            refresh(dev);
         if (try_charge(dev, bytes, limit) == 0)
             return 0;
     }
-    hami_info("device %d: %llu bytes refused (limit %llu, in use %llu)", dev,
+    hami_info("device %d: %llu bytes refused (limit %llu, in use %llu, the driver shows others %llu)", dev,
               (unsigned long long)bytes, (unsigned long long)limit,
-              (unsigned long long)hami_mem_container_used(dev));
+              (unsigned long long)hami_mem_container_used(dev),
+              (unsigned long long)__atomic_load_n(&others_seen[dev], __ATOMIC_RELAXED));
     return -1;
 }
 
