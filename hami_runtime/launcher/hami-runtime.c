@@ -85,6 +85,27 @@ static int subcommand(int argc, char **argv)
     return 0;
 }
 
+/*
+ * runc's --version (or -v) among the global flags before argv[end]: runc then
+ * prints its version and runs no subcommand. Python prints ours before runc's.
+ */
+static int asks_version(int end, char **argv)
+{
+    for (int i = 1; i < end; i++) {
+        const char *arg = argv[i];
+        if (arg[0] != '-')
+            return 0;
+        const char *name = arg + (arg[1] == '-' ? 2 : 1);
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        if (takes_value(name, len) && !eq)
+            i++;
+        else if ((len == 7 && !strncmp(name, "version", 7)) || (len == 1 && name[0] == 'v'))
+            return !eq || strcmp(eq + 1, "false") != 0;
+    }
+    return 0;
+}
+
 /* The index of name (len bytes) in a NULL-ended list, or -1. */
 static int index_of(const char *name, size_t len, const char *const *names)
 {
@@ -290,6 +311,8 @@ int main(int argc, char **argv)
         return hook_main(argc - 2, argv + 2);
     int at = subcommand(argc, argv);
     const char *cmd = at ? argv[at] : NULL;
+    if (asks_version(at ? at : argc, argv))
+        run_python(argv); /* hami-runtime's version, then runc's */
     if (cmd && !strcmp(cmd, "delete")) {
         const char *runtime = find_runtime();
         if (!runtime)

@@ -171,6 +171,12 @@ def host_pid(state_dir: str, name: str) -> int:
     return int(text) if text.isdigit() and text.isascii() else 0
 
 
+def container_pid(state_dir: str, name: str, entry: dict) -> int:
+    """The container's host PID as every hamictl command shows it: the entry's,
+    else the one the createRuntime hook recorded (0: not known)."""
+    return entry.get("pid") or host_pid(state_dir, name)
+
+
 def runc_made(runc_root: str, cid: str) -> bool:
     """runc made this container: its state.json exists (it stays until delete)."""
     return os.path.lexists(os.path.join(runc_root, cid, "state.json"))

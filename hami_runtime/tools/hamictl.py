@@ -5,12 +5,12 @@ used: `hamictl update` must not pay for the metrics server's imports.
 """
 from __future__ import annotations
 
-import json
-
 import click
 
 from .. import config as config_mod
 from ..errors import HamiError
+from ..version import DISTRIBUTION
+from . import json_output
 
 
 def _config(path):
@@ -65,6 +65,8 @@ class _LazyGroup(click.Group):
 
 
 @click.group(cls=_LazyGroup)
+@click.version_option(package_name=DISTRIBUTION, prog_name="hamictl",
+                      message="%(prog)s version %(version)s")
 @click.option("--config", "config_path", envvar="HAMI_CONFIG", default=None,
               help="config file (default $HAMI_CONFIG or /etc/hami/config.toml)")
 @click.pass_context
@@ -98,7 +100,7 @@ def gpus(ctx, as_json):
                      "memory_allocated_mib": u.mem_mib, "cores_allocated": u.cores,
                      "blocked": blocked.get(gpu.uuid, "")})
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(json_output.dumps(rows))
         return
     click.echo(_table(["INDEX", "UUID", "MODEL", "MEMORY", "SLOTS", "MEM ALLOC", "CORES ALLOC"], [
         [r["name"], r["uuid"], r["model"], f"{r['memory_mib']}MiB",
@@ -120,14 +122,14 @@ def ps(ctx, as_json):
     cfg = _config(ctx.obj["config_path"])
     rows = []
     for name, entry in sorted(allocations(cfg).items(), key=lambda kv: (kv[1]["id"], kv[0])):
-        pid = entry.get("pid") or state_layout.host_pid(cfg.state_dir, name)
+        pid = state_layout.container_pid(cfg.state_dir, name, entry)
         for device in entry["devices"]:
             rows.append({"container": entry["id"], "runc_root": entry["runc_root"],
                          "gpu": device.get("index"), "uuid": device["uuid"],
                          "memory_mib": device["mem_mib"], "cores": device["cores"],
                          "pid": pid, "identity": entry.get("identity", {})})
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(json_output.dumps(rows))
         return
     click.echo(_table(["CONTAINER", "GPU", "UUID", "MEMORY", "CORES", "PID", "NAME"], [
         [r["container"], r["gpu"], r["uuid"], f"{r['memory_mib']}MiB", f"{r['cores']}%",

@@ -21,6 +21,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import click
 
+from . import json_output
+
 MiB = 1024 * 1024
 
 
@@ -303,8 +305,7 @@ def render_table(containers: List[ContainerView]) -> str:
 
 
 def render_json(containers: List[ContainerView], interval: float) -> str:
-    return json.dumps({"interval_s": interval, "containers": [asdict(c) for c in containers]},
-                      indent=2)
+    return json_output.dumps({"interval_s": interval, "containers": [asdict(c) for c in containers]})
 
 
 # ---- CLI edge ----------------------------------------------------------------

@@ -23,6 +23,7 @@ from .. import config as config_mod
 from ..errors import HamiError
 from ..lifecycle import allocator, container_files, resize, state_layout, store
 from ..policies import CORE_POLICIES
+from . import json_output
 
 MIB = 1 << 20
 
@@ -161,7 +162,8 @@ def update_command(ctx, container, gpumem, gpumem_percentage, gpucores, priority
                        f"{-(-used[d['uuid']] // MIB)} MiB, over its new {d['mem_mib']} MiB: its "
                        "allocations are refused until use falls below that", err=True)
     if as_json:
-        click.echo(json.dumps({"name": name, **after}, indent=1, sort_keys=True))
+        pid = state_layout.container_pid(cfg.state_dir, name, after)
+        click.echo(json_output.dumps({"name": name, **after, "pid": pid}))
     else:
         for line in _describe(before, after):
             click.echo(f"{after['id']}: {line}")
