@@ -1,12 +1,14 @@
 /* Where the limits come from, decided once when the library loads: in a
- * runtime-made container (HAMI_LIMITS_PATH exists) the host's read-only file and
- * fixed paths, and nothing from the environment; otherwise (bare use) the
+ * runtime-made container (HAMI_LIMITS_PATH exists, or this library is the one the
+ * runtime mounted) the host's read-only file and fixed paths, and nothing from the
+ * environment; otherwise (bare use) the
  * environment, where a bad value is reported in one line and ignored (as if
  * unset), so a typo never crashes a program. */
 #include "internal.h"
 #include "log.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sys/stat.h>
@@ -114,12 +116,32 @@ static void load_boards(struct hami_config *cfg)
     }
 }
 
+/* Where the runtime mounts this library; also where HAMi-core users expect it. */
+static const char *const runtime_copies[] = {HAMI_RUNTIME_LIBVGPU, "/usr/local/vgpu/libvgpu.so"};
+
+/* Whether this library was loaded from where the runtime mounts it (by that name, or
+ * as the same file under another): the tenant cannot remove or rename that, so a
+ * limits file hidden from its fixed path makes the process fail closed, never bare. */
+static int loaded_by_the_runtime(void)
+{
+    Dl_info self;
+    struct stat mine, st;
+    if (!dladdr((void *)loaded_by_the_runtime, &self) || !self.dli_fname)
+        return 0;
+    int known = stat(self.dli_fname, &mine) == 0;
+    for (size_t i = 0; i < sizeof runtime_copies / sizeof *runtime_copies; i++)
+        if (strcmp(self.dli_fname, runtime_copies[i]) == 0 ||
+            (known && stat(runtime_copies[i], &st) == 0 && st.st_dev == mine.st_dev && st.st_ino == mine.st_ino))
+            return 1;
+    return 0;
+}
+
 /* The container's own files, at the paths the runtime mounts them: whatever the
  * environment says, which a tenant sets as it likes. */
 static int load_runtime_made(struct hami_config *cfg)
 {
     struct stat st;
-    if (lstat(HAMI_LIMITS_PATH, &st) < 0 && errno == ENOENT)
+    if (lstat(HAMI_LIMITS_PATH, &st) < 0 && errno == ENOENT && !loaded_by_the_runtime())
         return 0;
     cfg->runtime_made = 1;
     cfg->region_path = HAMI_RUNTIME_REGION_PATH;

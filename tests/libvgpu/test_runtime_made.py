@@ -108,3 +108,21 @@ def test_a_process_is_held_whatever_its_region_says(probe):
         stop.set()
         scribbler.join(timeout=10)
         proc.close()
+
+
+COMPAT_DIR = "/usr/local/vgpu"   # where the runtime also mounts libvgpu, as HAMi-core users expect it
+
+
+@pytest.mark.parametrize("preload", [f"{COMPAT_DIR}/libvgpu.so", "{tmp}/a-link.so"], ids=["by name", "by a link"])
+def test_the_runtimes_library_without_its_limits_fails_closed(probe, preload):
+    """Loaded from where the runtime mounts it, libvgpu is in a runtime-made container,
+    whatever hides the limits file: it refuses, never runs bare on the env's limits."""
+    from tests.conftest import LIBVGPU
+    preload = preload.format(tmp=probe.tmp)
+    script = (f"mkdir -p {COMPAT_DIR} && mount -t tmpfs hami-test {COMPAT_DIR} && "
+              f"cp {LIBVGPU} {COMPAT_DIR}/libvgpu.so && ln -sf {COMPAT_DIR}/libvgpu.so {probe.tmp}/a-link.so && "
+              f'LD_PRELOAD={preload} exec "$@"')
+    probe.prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
+    result = probe.run("link", "info", preload=False, check=False, CUDA_DEVICE_MEMORY_LIMIT="8g")
+    assert f"rc={NOT_PERMITTED}" in result.stdout, result.stdout + result.stderr
+    assert "refused" in result.stderr
