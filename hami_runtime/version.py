@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 DISTRIBUTION = "hami-runtime"
+GO_FALSE = ("0", "f", "F", "false", "FALSE", "False")  # Go's strconv.ParseBool
 
 
 def version() -> str:
@@ -16,7 +17,7 @@ def version() -> str:
 def wants_version(inv) -> bool:
     """runc's --version / -v among the global flags: runc prints its version
     and runs no subcommand, whatever follows."""
-    return any(inv.global_flags.get(flag, "false") != "false" for flag in ("version", "v"))
+    return any(inv.global_flags.get(flag, "false") not in GO_FALSE for flag in ("version", "v"))
 
 
 def line(program: str = "hami-runtime") -> str:

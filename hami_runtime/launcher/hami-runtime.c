@@ -85,6 +85,18 @@ static int subcommand(int argc, char **argv)
     return 0;
 }
 
+/* The index of name (len bytes) in a NULL-ended list, or -1. */
+static int index_of(const char *name, size_t len, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && strncmp(names[i], name, len) == 0)
+            return i;
+    return -1;
+}
+
+/* Go's strconv.ParseBool's false, as runc reads a bool flag's value */
+static const char *const go_false[] = {"0", "f", "F", "false", "FALSE", "False", NULL};
+
 /*
  * runc's --version (or -v) among the global flags before argv[end]: runc then
  * prints its version and runs no subcommand. Python prints ours before runc's.
@@ -101,18 +113,9 @@ static int asks_version(int end, char **argv)
         if (takes_value(name, len) && !eq)
             i++;
         else if ((len == 7 && !strncmp(name, "version", 7)) || (len == 1 && name[0] == 'v'))
-            return !eq || strcmp(eq + 1, "false") != 0;
+            return !eq || index_of(eq + 1, strlen(eq + 1), go_false) < 0;
     }
     return 0;
-}
-
-/* The index of name (len bytes) in a NULL-ended list, or -1. */
-static int index_of(const char *name, size_t len, const char *const *names)
-{
-    for (int i = 0; names[i]; i++)
-        if (strlen(names[i]) == len && strncmp(names[i], name, len) == 0)
-            return i;
-    return -1;
 }
 
 /*

@@ -16,7 +16,7 @@ FRONTS = {"launcher": [str(LAUNCHER)], "python": RUNTIME}
 
 
 @pytest.mark.parametrize("front", sorted(FRONTS))
-@pytest.mark.parametrize("flag", ["--version", "-v", "-version", "--version=true"])
+@pytest.mark.parametrize("flag", ["--version", "-v", "-version", "--version=true", "-v=1"])
 def test_runtime_version_then_runcs(node, front, flag):
     if front == "launcher" and not LAUNCHER.exists():
         pytest.skip("make build makes the launcher")
@@ -39,8 +39,9 @@ def test_version_before_a_create_creates_nothing(node, front):
     assert node.allocations() == {} and node.containers() == []
 
 
-def test_version_false_is_no_version(node):
-    proc = subprocess.run(RUNTIME + ["--version=false", "--root", str(node.runc_root), "list"],
+@pytest.mark.parametrize("value", ["false", "0", "F"])
+def test_version_false_is_no_version(node, value):
+    proc = subprocess.run(RUNTIME + [f"--version={value}", "--root", str(node.runc_root), "list"],
                           capture_output=True, text=True, env=node.env, timeout=TIMEOUT)
     assert proc.returncode == 0 and "version" not in proc.stdout and proc.stdout.startswith("ID")
 
