@@ -38,6 +38,12 @@
  * context checks 263e8860-7cd2-6143-92f6-bbd5006dfa7e, 4 slots
  *   2 (CUcontext, unsigned *flags, void **): flags 0 (no special state)
  *   3 (): 0
+ * SM layout 1734dc26-800d-4745-8726-c0f1e7dd8bca, 14 slots (NVRTC wants more than 13)
+ *   4 (unsigned char **gpcs, size_t *count): the current context's device's TPCs (SM pairs), one
+ *     byte each, the GPC it is in (sim_gpc_sms), in a buffer the driver allocates. cuBLASLt 13
+ *     reads one byte per two SMs to place thread block clusters (its fp16/bf16 kernels on sm_90)
+ *     and assumes the table exists: without it, it calls through a null pointer
+ *   13 (void *buffer, size_t): frees a buffer the table gave
  */
 #include "sim.h"
 
@@ -288,6 +294,54 @@ static const void *identity_table[5] = {
     (void *)unsupported_identity_3, (void *)context_id,
 };
 
+/* ---- SM layout ---- */
+
+static CUresult layout_gpc_of_tpc(unsigned char **gpcs, size_t *count)
+{
+    struct sim_ctx *c;
+    CUresult rc = sim_ctx_current_checked(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!gpcs || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t tpcs = (size_t)sim_config()->sms / 2, n = 0;
+    unsigned char *map = malloc(tpcs ? tpcs : 1);
+    if (!map)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int g = 0; g < SIM_GPCS; g++)
+        for (int t = 0; t < sim_gpc_sms(g) / 2 && n < tpcs; t++)
+            map[n++] = (unsigned char)g;
+    *gpcs = map;
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+static void layout_free(void *buffer, size_t size)
+{
+    (void)size;
+    free(buffer);
+}
+
+SIM_UNSUPPORTED_SLOT(layout, 1)
+SIM_UNSUPPORTED_SLOT(layout, 2)
+SIM_UNSUPPORTED_SLOT(layout, 3)
+SIM_UNSUPPORTED_SLOT(layout, 5)
+SIM_UNSUPPORTED_SLOT(layout, 6)
+SIM_UNSUPPORTED_SLOT(layout, 7)
+SIM_UNSUPPORTED_SLOT(layout, 8)
+SIM_UNSUPPORTED_SLOT(layout, 9)
+SIM_UNSUPPORTED_SLOT(layout, 10)
+SIM_UNSUPPORTED_SLOT(layout, 11)
+SIM_UNSUPPORTED_SLOT(layout, 12)
+
+static const void *layout_table[14] = {
+    (void *)(14 * sizeof(void *)), (void *)unsupported_layout_1, (void *)unsupported_layout_2,
+    (void *)unsupported_layout_3, (void *)layout_gpc_of_tpc, (void *)unsupported_layout_5,
+    (void *)unsupported_layout_6, (void *)unsupported_layout_7, (void *)unsupported_layout_8,
+    (void *)unsupported_layout_9, (void *)unsupported_layout_10, (void *)unsupported_layout_11,
+    (void *)unsupported_layout_12, (void *)layout_free,
+};
+
 /* ---- lookup ---- */
 
 const void *const *sim_export_runtime_table(void) { return runtime_table; }
@@ -307,6 +361,8 @@ static const struct export_table tables[] = {
      checks_table},
     {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
      identity_table},
+    {{0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca},
+     layout_table},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}, NULL},
 };
 

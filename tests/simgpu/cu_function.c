@@ -165,18 +165,15 @@ CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunc
 }
 
 /* Thread block clusters: the launch's cluster dimension, else the kernel's required one, else 1. A
- * cluster's blocks are resident in one GPC. The card's SMs are laid out as an H100 SXM's: in pairs
- * (TPCs) spread over 8 GPCs as evenly as they go (132 SMs: two GPCs of 18, six of 16). A cluster of
- * more than 8 blocks needs the kernel's NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 16 at most. */
+ * cluster's blocks are resident in one GPC (sim_gpc_sms). A cluster of more than 8 blocks needs the
+ * kernel's NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 16 at most. */
 #define CLUSTER_PORTABLE 8
 #define CLUSTER_MAX 16
-#define GPCS 8
 
-/* SMs in GPC g. */
-static int gpc_sms(int g)
+int sim_gpc_sms(int g)
 {
     int tpcs = sim_config()->sms / 2;
-    return 2 * (tpcs / GPCS + (g < tpcs % GPCS)) + (g == GPCS - 1 ? sim_config()->sms % 2 : 0);
+    return 2 * (tpcs / SIM_GPCS + (g < tpcs % SIM_GPCS)) + (g == SIM_GPCS - 1 ? sim_config()->sms % 2 : 0);
 }
 
 static CUresult cluster_blocks(uintptr_t key, const CUlaunchConfig *config, int *blocks)
@@ -222,8 +219,8 @@ CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const C
         (rc = occupancy(&per_sm, func, (int)threads, config->sharedMemBytes)) != CUDA_SUCCESS)
         return rc;
     *numClusters = 0;
-    for (int g = 0; g < GPCS; g++)
-        *numClusters += per_sm * gpc_sms(g) / per_cluster;
+    for (int g = 0; g < SIM_GPCS; g++)
+        *numClusters += per_sm * sim_gpc_sms(g) / per_cluster;
     return CUDA_SUCCESS;
 }
 

@@ -220,6 +220,10 @@ struct sim_ctx *sim_ctx_current(void);            /* NULL when none or not live 
 CUresult sim_ctx_current_checked(struct sim_ctx **out);
 /* The device's primary context, made (inactive) if it does not exist yet; NULL for a bad ordinal. */
 struct sim_ctx *sim_ctx_primary(int dev);
+/* cu_function.c: the card's SMs are laid out as an H100 SXM's, in pairs (TPCs) spread over
+ * SIM_GPCS GPCs as evenly as they go (132 SMs: two GPCs of 18, six of 16); an odd SM is in the last. */
+#define SIM_GPCS 8
+int sim_gpc_sms(int gpc);
 /* cu_export.c: calls the destructors of a context's local storage and empties it */
 void sim_ctx_cls_destroy(struct sim_ctx *ctx);
 const void *const *sim_export_runtime_table(void);
