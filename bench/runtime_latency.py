@@ -1,21 +1,33 @@
-"""Added latency of hami-runtime against runc, measured side by side in one run.
+"""Added latency of hami-runtime against runc, side by side in one run.
 
   .venv/bin/python bench/runtime_latency.py [--iterations N]
 
 Runs on the simulated GPU (build/sim/hami.toml, state in a temp dir) with a
-busybox bundle and a private runc --root. Each pair of commands is timed
-alternately (runc, then hami-runtime) so that both see the same machine load.
-Prints a markdown table: median and p90 wall time in ms, added ms (difference of
-the medians, and of the means: runc's own create time is bimodal on some
-machines, which moves medians by whole steps) and ratio,
-the median CPU time (user + system of the command and the processes it waited
-for, hooks included: steadier than wall time on a shared box), and the load average before and after (the numbers mean little on a busy box).
-hami-runtime is the C launcher as `make build` makes it (Python without site
-processing, the createRuntime hook in C, no poststop hook; delete returns with
-runc's and the allocation is freed by a detached release, whose CPU time the
-CPU columns do not see); GPU creates after the first one find the discovery
-cache in the state dir, as on a node that has run a container. The state dir, the
-runc root and the bundles are on a tmpfs (/dev/shm), as /run is on a node.
+busybox bundle whose command is `true` and a private runc --root. Three
+kinds, timed in turn within every iteration so that all see the same load:
+
+  runc     runc itself, the plain bundle
+  none     hami-runtime (the C launcher as `make build` makes it), the plain
+           bundle: a container that asks for no GPU
+  gpu      hami-runtime, the bundle with hami.io/gpumem 1000, gpucores 30
+
+and two operations: `create` + `delete`, and `run` (foreground, `true`
+exits; its delete follows, untimed). Each is timed warm (the state dir as
+the previous iteration left it: the config and discovery caches there) and
+cold (a fresh state dir, as /run/hami is after every reboot; the config file
+itself is older than the config cache's settling time, as on a node).
+After a GPU container's delete the launcher frees the allocation in a
+detached Python release; the bench waits for it to finish before the next
+command, so that it does not take a CPU from whatever is timed next.
+
+Prints a markdown table: median and p90 wall ms per kind; the added ms of
+each hami kind, the median of its differences to runc's sample of the same
+iteration (paired: both saw the same moment's load); runc's median CPU ms
+(user + system of the command and what it waited for, hooks included; not the
+detached release) and each kind's added CPU ms, paired the same way; then
+passthrough `list`/`state` rows.
+The state dir, the runc root and the bundles are on a tmpfs (/dev/shm), as
+/run is on a node.
 """
 import argparse
 import json
@@ -31,12 +43,10 @@ from pathlib import Path
 
 from sim_runtime import ROOT, private_config, sim_config_missing
 
-# What an engine calls: the C launcher (make build) in front of the Python runtime.
 LAUNCHER = ROOT / "build" / "hami-runtime"
-PY_ENTRY = [str(ROOT / ".venv" / "bin" / "hami-runtime")]
-HAMI = [str(LAUNCHER)] if LAUNCHER.exists() else PY_ENTRY
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 GPU = {"hami.io/gpumem": "1000", "hami.io/gpucores": "30"}
+SETTLED_S = 2.5  # config_cache.SETTLED_NS, and some
 
 
 def _children_cpu():
@@ -52,10 +62,6 @@ def timed(argv, env):
     return (time.perf_counter() - start) * 1000, (_children_cpu() - cpu) * 1000
 
 
-def plus(a, b):
-    return a[0] + b[0], a[1] + b[1]
-
-
 def quiet(argv, env):
     subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, env=env, timeout=60)
@@ -66,6 +72,7 @@ class Setup:
         self.work = work
         self.root = work / "runc-root"
         self.rootfs = work / "rootfs"
+        self.state = work / "state"
         (self.rootfs / "bin").mkdir(parents=True)
         shutil.copy2(shutil.which("busybox") or "/bin/busybox", self.rootfs / "bin" / "busybox")
         for applet in ("sh", "sleep", "true"):
@@ -73,6 +80,7 @@ class Setup:
         subprocess.run([RUNC, "spec"], cwd=work, check=True)
         self.template = json.loads((work / "config.json").read_text())
         self.template["process"]["terminal"] = False
+        self.template["process"]["args"] = ["true"]
         self.template["root"] = {"path": str(self.rootfs), "readonly": False}
         config = private_config(work)
         (work / "simstate").mkdir()
@@ -80,19 +88,40 @@ class Setup:
             f'"{ROOT / "build" / "sim" / "shared"}"', f'"{work / "simstate"}"'))
         self.env = {**os.environ, "HAMI_CONFIG": str(config),
                     "HAMI_SIM_STATE": str(work / "simstate" / "gpu.state")}
+        self.env.pop("HAMI_LAUNCHER", None)
+        self.specs = {}
 
-    def bundle(self, name, annotations=None, args=("sleep", "60")):
+    def bundle(self, name, annotations=None):
         path = self.work / name
         path.mkdir(exist_ok=True)
         spec = json.loads(json.dumps(self.template))
-        spec["process"]["args"] = list(args)
         if annotations:
             spec["annotations"] = annotations
-        (path / "config.json").write_text(json.dumps(spec))
+        self.specs[path] = json.dumps(spec).encode()
         return path
+
+    def fresh_spec(self, bundle):
+        """The bundle's spec as the engine wrote it (a GPU create edits it)."""
+        (bundle / "config.json").write_bytes(self.specs[bundle])
 
     def g(self, *args):
         return ["--root", str(self.root)] + list(args)
+
+    def released(self, timeout=10.0):
+        """Waits until no allocation is left (the detached release is done)."""
+        deadline = time.monotonic() + timeout
+        path = self.state / "allocations.json"
+        while time.monotonic() < deadline:
+            try:
+                if not json.loads(path.read_text()).get("allocations"):
+                    return
+            except (OSError, ValueError):
+                return
+            time.sleep(0.005)
+
+    def fresh_state(self):
+        self.released()
+        shutil.rmtree(self.state, ignore_errors=True)
 
 
 def stats(samples):
@@ -106,78 +135,82 @@ def main() -> int:
     n = parser.parse_args().iterations
     if sim_config_missing():
         return 1
-    load_before = os.getloadavg()
-    # state dir, runc root and bundles on a tmpfs, as on a node (/run/hami, /run/runc)
+    if not LAUNCHER.exists():
+        print("run `make build` first (build/hami-runtime)", file=sys.stderr)
+        return 1
     work = Path(tempfile.mkdtemp(prefix="hami-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     s = Setup(work)
     env = s.env
+    hami = [str(LAUNCHER)]
+    plain = s.bundle("plain")
+    gpu = s.bundle("gpu", GPU)
+    kinds = {"runc": ([RUNC], plain), "none": (hami, plain), "gpu": (hami, gpu)}
+    results = {}  # (operation, warmth, kind) -> [(wall, cpu)]
+
+    def sample(op, warmth, kind, i):
+        cmd, bundle = kinds[kind]
+        cid = f"{kind}-{op}-{warmth}-{i}"
+        s.fresh_spec(bundle)
+        if warmth == "cold":
+            s.fresh_state()
+        if op == "create+delete":
+            wall, cpu = timed(cmd + s.g("create", "--bundle", str(bundle), cid), env)
+            w2, c2 = timed(cmd + s.g("delete", cid), env)
+            wall, cpu = wall + w2, cpu + c2
+        else:
+            wall, cpu = timed(cmd + s.g("run", "--bundle", str(bundle), cid), env)
+            quiet(cmd + s.g("delete", "-f", cid), env)
+        s.released()
+        results.setdefault((op, warmth, kind), []).append((wall, cpu))
+
     try:
-        plain = s.bundle("plain")
-        gpu = s.bundle("gpu", GPU)
-        gpu_spec = (gpu / "config.json").read_bytes()
-        cycle_plain = s.bundle("cycle-plain", args=("true",))
-        cycle_gpu = s.bundle("cycle-gpu", GPU, args=("true",))
-        cycle_gpu_spec = (cycle_gpu / "config.json").read_bytes()
+        # the config older than the cache's settling time, as a node's is; one
+        # warm-up of each kind, untimed
+        time.sleep(SETTLED_S)
+        for kind in kinds:
+            sample("create+delete", "warm", kind, "warmup")
+        results.clear()
+        load_before = os.getloadavg()
+        passthrough = {"list": ([], []), "state": ([], [])}
         quiet([RUNC] + s.g("create", "--bundle", str(plain), "resident"), env)
-        results = {k: ([], []) for k in ("list", "list-py", "state", "create", "create-plain",
-                                         "create-delete", "cycle")}
         for i in range(n):
-            results["list-py"][0].append(timed([RUNC] + s.g("list"), env))
-            results["list-py"][1].append(timed(PY_ENTRY + s.g("list"), env))
-            results["list"][0].append(timed([RUNC] + s.g("list"), env))
-            results["list"][1].append(timed(HAMI + s.g("list"), env))
-            results["state"][0].append(timed([RUNC] + s.g("state", "resident"), env))
-            results["state"][1].append(timed(HAMI + s.g("state", "resident"), env))
-            # create of a plain bundle (no request) and of a GPU bundle, each against runc's
-            results["create-plain"][0].append(timed([RUNC] + s.g("create", "--bundle", str(plain), "a"), env))
-            quiet([RUNC] + s.g("delete", "-f", "a"), env)
-            results["create-plain"][1].append(timed(HAMI + s.g("create", "--bundle", str(plain), "a"), env))
-            quiet([RUNC] + s.g("delete", "-f", "a"), env)
-            results["create"][0].append(timed([RUNC] + s.g("create", "--bundle", str(plain), "b"), env))
-            quiet([RUNC] + s.g("delete", "-f", "b"), env)
-            (gpu / "config.json").write_bytes(gpu_spec)
-            results["create"][1].append(timed(HAMI + s.g("create", "--bundle", str(gpu), "b"), env))
-            quiet(HAMI + s.g("delete", "-f", "b"), env)
-            # create + delete of a GPU container (the bar), against runc's of the plain bundle
-            t = timed([RUNC] + s.g("create", "--bundle", str(plain), "d"), env)
-            results["create-delete"][0].append(plus(t, timed([RUNC] + s.g("delete", "-f", "d"), env)))
-            (gpu / "config.json").write_bytes(gpu_spec)
-            t = timed(HAMI + s.g("create", "--bundle", str(gpu), "d"), env)
-            results["create-delete"][1].append(plus(t, timed(HAMI + s.g("delete", "-f", "d"), env)))
-            # a whole create / start / delete cycle
-            t = timed([RUNC] + s.g("create", "--bundle", str(cycle_plain), "c"), env)
-            t = plus(t, timed([RUNC] + s.g("start", "c"), env))
-            t = plus(t, timed([RUNC] + s.g("delete", "-f", "c"), env))
-            results["cycle"][0].append(t)
-            (cycle_gpu / "config.json").write_bytes(cycle_gpu_spec)
-            t = timed(HAMI + s.g("create", "--bundle", str(cycle_gpu), "c"), env)
-            t = plus(t, timed(HAMI + s.g("start", "c"), env))
-            t = plus(t, timed(HAMI + s.g("delete", "-f", "c"), env))
-            results["cycle"][1].append(t)
-        labels = {
-            "list": "passthrough `list`",
-            "list-py": "passthrough `list`, Python entry point (no launcher)",
-            "state": "passthrough `state <id>`",
-            "create-plain": "`create`, no GPU request",
-            "create": "`create`, GPU request (gpumem 1000, gpucores 30)",
-            "create-delete": "`create` + `delete -f`, GPU request (the bar: <= 60 ms added)",
-            "cycle": "`create` + `start` + `delete`, GPU request",
-        }
-        print(f"runtime latency, {n} iterations each, alternating runc / hami-runtime "
-              f"({os.path.relpath(HAMI[0], ROOT)}; {os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
-              f"{os.getloadavg()[0]:.2f} after)\n")
-        print("| operation | runc median ms | hami median ms | runc p90 ms | hami p90 ms | added ms (median) "
-              "| added ms (mean) | ratio | runc CPU ms | hami CPU ms | added CPU ms |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for key, label in labels.items():
-            runc_runs, hami_runs = results[key]
-            (rm, rp), (hm, hp) = stats([w for w, _ in runc_runs]), stats([w for w, _ in hami_runs])
+            for op in ("create+delete", "run"):
+                for warmth in ("warm", "cold"):
+                    for kind in kinds:
+                        sample(op, warmth, kind, i)
+            for name, args in (("list", ("list",)), ("state", ("state", "resident"))):
+                passthrough[name][0].append(timed([RUNC] + s.g(*args), env))
+                passthrough[name][1].append(timed(hami + s.g(*args), env))
+        load_after = os.getloadavg()
+        print(f"runtime latency, {n} iterations, kinds in turn within each (runc; hami-runtime "
+              f"{os.path.relpath(LAUNCHER, ROOT)}, no request; the same, GPU request); {os.cpu_count()} CPUs; "
+              f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
+        print("| operation | state dir | runc ms | no request ms | GPU ms | no request added | GPU added "
+              "| runc p90 | no request p90 | GPU p90 | runc CPU ms | no request added CPU | GPU added CPU |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for op in ("create+delete", "run"):
+            for warmth in ("warm", "cold"):
+                runs = {k: results[(op, warmth, k)] for k in kinds}
+                walls = {k: stats([w for w, _ in runs[k]]) for k in kinds}
+                # added: the median of each iteration's difference to runc's sample
+                added = {k: statistics.median(h[0] - r[0] for h, r in zip(runs[k], runs["runc"]))
+                         for k in ("none", "gpu")}
+                cpu_added = {k: statistics.median(h[1] - r[1] for h, r in zip(runs[k], runs["runc"]))
+                             for k in ("none", "gpu")}
+                runc_cpu = statistics.median(c for _, c in runs["runc"])
+                print(f"| `{op}` | {warmth} | {walls['runc'][0]:.1f} | {walls['none'][0]:.1f} | {walls['gpu'][0]:.1f} "
+                      f"| {added['none']:+.1f} | {added['gpu']:+.1f} "
+                      f"| {walls['runc'][1]:.1f} | {walls['none'][1]:.1f} | {walls['gpu'][1]:.1f} "
+                      f"| {runc_cpu:.1f} | {cpu_added['none']:+.1f} | {cpu_added['gpu']:+.1f} |")
+        print("\n| passthrough | runc ms | hami ms | added | runc CPU ms | hami CPU ms |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for name, (runc_runs, hami_runs) in passthrough.items():
+            rm, hm = stats([w for w, _ in runc_runs])[0], stats([w for w, _ in hami_runs])[0]
             rc, hc = stats([c for _, c in runc_runs])[0], stats([c for _, c in hami_runs])[0]
-            mean = statistics.mean(w for w, _ in hami_runs) - statistics.mean(w for w, _ in runc_runs)
-            print(f"| {label} | {rm:.1f} | {hm:.1f} | {rp:.1f} | {hp:.1f} | {hm - rm:+.1f} | {mean:+.1f} | {hm / rm:.2f} "
-                  f"| {rc:.1f} | {hc:.1f} | {hc - rc:+.1f} |")
+            print(f"| `{name}` | {rm:.1f} | {hm:.1f} | {hm - rm:+.1f} | {rc:.1f} | {hc:.1f} |")
     finally:
-        for cid in ("resident", "a", "b", "c", "d"):
+        quiet([RUNC] + s.g("delete", "-f", "resident"), env)
+        for cid in (subprocess.run([RUNC] + s.g("list", "-q"), capture_output=True, text=True).stdout.split()):
             quiet([RUNC] + s.g("delete", "-f", cid), env)
         shutil.rmtree(work, ignore_errors=True)
     return 0
