@@ -169,9 +169,12 @@ static int create_args(int argc, char **argv, int at, const char **bundle, const
     return 0;
 }
 
+/* The runtime lives for one command (tens of ms): the cyclic garbage collector,
+ * which runs again and again while the imports build their classes, is off. */
 #ifdef HAMI_PYTHONPATH
 #define PYTHON_FLAGS "-I", "-S", "-c",                                       \
-    "import sys; sys.path[:0] = '" HAMI_PYTHONPATH "'.split(':'); "          \
+    "import gc, sys; gc.disable(); "                                         \
+    "sys.path[:0] = '" HAMI_PYTHONPATH "'.split(':'); "                      \
     "from hami_runtime.cli import main; sys.exit(main())"
 #else
 #define PYTHON_FLAGS "-I", "-m", "hami_runtime"
