@@ -14,12 +14,16 @@ from . import config
 from .errors import HamiError, report
 
 LAUNCHER_ENV = "HAMI_LAUNCHER"  # hami_runtime/launcher/hook.h
+WARM_UP_ENV = "HAMI_WARM_UP"    # the same
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Set by the C launcher for create/run; not passed on to runc.
     launcher = os.environ.pop(LAUNCHER_ENV, None)
+    if os.environ.pop(WARM_UP_ENV, None) == "1":  # the launcher's, detached: caches only
+        from .lifecycle.warm_up import warm_up
+        return warm_up()
     inv = cfg = None
     try:
         inv = argv_mod.parse(argv)

@@ -225,13 +225,13 @@ static const char *find_runtime(void)
     return NULL; /* no runtime: Python reports it */
 }
 
-/* The Python release after runc's delete, detached: the caller does not wait
- * for it, and it holds none of the caller's pipes. */
-static void release_detached(char **argv)
+/* Python with `flag` set in its env, detached: the caller does not wait for
+ * it, and it holds none of the caller's pipes (stdio on /dev/null). */
+static void python_detached(char **argv, const char *flag)
 {
     pid_t child = fork();
     if (child < 0)
-        return; /* the next allocator transaction frees it */
+        return;
     if (child == 0) {
         if (setsid() < 0 || fork() != 0)
             _exit(0);
@@ -243,10 +243,39 @@ static void release_detached(char **argv)
             if (null > 2)
                 close(null);
         }
-        setenv(DELETE_DONE_ENV, "1", 1);
+        setenv(flag, "1", 1);
         run_python(argv);
     }
     waitpid(child, NULL, 0);
+}
+
+/*
+ * The caches a GPU create reads, filled ahead of it: on a state dir without
+ * the validated config (a fresh /run after a boot), the first create that
+ * passes through here starts a detached Python that validates the config and
+ * runs discovery (WARM_UP_ENV), once per state dir (cache/.warm-up, made
+ * exclusively, says it was started). A pod's sandbox is made before its
+ * containers, so its GPU containers find them; nothing waits for it.
+ */
+static void warm_up_once(char *argv0)
+{
+    char state[PATH_MAX], path[PATH_MAX];
+    if (config_state_dir(state, sizeof state) < 0 ||
+        snprintf(path, sizeof path, "%s/cache/config.json", state) >= (int)sizeof path)
+        return;
+    struct stat st;
+    if (stat(path, &st) == 0)
+        return;
+    if (snprintf(path, sizeof path, "%s/cache", state) >= (int)sizeof path ||
+        (mkdir(state, 0755) != 0 && errno != EEXIST) || (mkdir(path, 0755) != 0 && errno != EEXIST) ||
+        snprintf(path, sizeof path, "%s/cache/.warm-up", state) >= (int)sizeof path)
+        return;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    close(fd);
+    char *args[] = {argv0, NULL}; /* no command: without the flag, runc's help */
+    python_detached(args, WARM_UP_ENV);
 }
 
 /*
@@ -307,7 +336,7 @@ static int delete_then_release(const char *runtime, int argc, char **argv, int a
         if (errno != EINTR)
             return 1;
     if (may_hold_allocation(argc, argv, at))
-        release_detached(argv);
+        python_detached(argv, DELETE_DONE_ENV); /* the next allocator transaction frees it otherwise */
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -330,6 +359,7 @@ int main(int argc, char **argv)
         const char *bundle, *id, *runtime;
         if (create_args(argc, argv, at, &bundle, &id) == 0 && valid_container_id(id) &&
             spec_asks_nothing(bundle) && (runtime = find_runtime()) != NULL) {
+            warm_up_once(argv[0]);
             argv[0] = (char *)runtime;
             execv(runtime, argv);
         }

@@ -9,6 +9,9 @@
 /* Set for the detached release the launcher starts after runc's delete: the
  * Python runtime then only frees (it never frees a live container). */
 #define DELETE_DONE_ENV "HAMI_DELETE_DONE"
+/* Set for the detached warm-up a create that asks for no GPU starts on a fresh
+ * state dir: the Python runtime then only fills its caches (cli.py). */
+#define WARM_UP_ENV "HAMI_WARM_UP"
 
 /* argv after the subcommand; returns the exit status. */
 int hook_main(int argc, char **argv);

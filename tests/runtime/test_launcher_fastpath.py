@@ -215,19 +215,53 @@ def settled(node):
     time.sleep(max(0.0, 2.2 - age))
 
 
+def warmed(node, timeout=20.0):
+    """Waits for the detached warm-up's caches; True when they are all there."""
+    cache = node.state_dir / "cache"
+    deadline = time.monotonic() + timeout
+    names = ("config.json", "gpus.json", "driver-files.json")
+    while not all((cache / n).exists() for n in names) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return all((cache / n).exists() for n in names)
+
+
 @pytest.mark.parametrize("annotations,python", [({}, False), ({"hami.io/gpumem": "100"}, True)],
                          ids=["no-request", "gpu"])
 def test_delete_starts_python_only_for_an_allocation(node, annotations, python):
-    """delete through the launcher: the detached release runs where the state
-    dir holds the id's allocation dirs, and only there."""
+    """delete through the launcher: the detached release (an allocator
+    transaction, which makes allocations.lock) runs where the state dir holds
+    the id's allocation dirs, and only there."""
     settled(node)
     bundle = node.bundle("del", annotations, args=("true",))
     assert node.create("del", bundle, cmd=[str(LAUNCHER)]).returncode == 0
-    assert node.state_dir.exists() == python
+    assert warmed(node)
+    assert (node.state_dir / "allocations.lock").exists() == python
     assert node.runtime("delete", "del", cmd=[str(LAUNCHER)]).returncode == 0
     deadline = time.monotonic() + 10
     while python and node.allocations() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5 if not python else 0)
     assert node.allocations() == {}
-    assert node.state_dir.exists() == python  # no Python at all: not even its config cache
+    assert (node.state_dir / "allocations.lock").exists() == python
+
+
+def test_a_fresh_state_dir_is_warmed_by_a_create_without_request(node):
+    """The first create on a fresh state dir that starts no Python (it asks for
+    no GPU) starts the warm-up, detached: the config validated and the GPUs and
+    driver files found, so that the next GPU create loads neither pydantic nor
+    NVML; it is started once per state dir."""
+    from .test_discovery_cache import probe
+    settled(node)
+    assert not node.state_dir.exists()
+    for cid in ("w1", "w2"):
+        bundle = node.bundle(cid, args=("true",))
+        assert node.create(cid, bundle, cmd=[str(LAUNCHER)]).returncode == 0
+    assert warmed(node)
+    assert (node.state_dir / "cache" / ".warm-up").is_file()
+    found = probe(node)
+    assert not found["nvml"] and not found["ldconfig"] and len(found["gpus"]) == 2
+    (node.state_dir / "cache" / "config.json").unlink()
+    bundle = node.bundle("w3", args=("true",))
+    assert node.create("w3", bundle, cmd=[str(LAUNCHER)]).returncode == 0
+    time.sleep(1.0)
+    assert not (node.state_dir / "cache" / "config.json").exists()  # once per state dir
