@@ -1,5 +1,11 @@
-"""hamictl doctor: check the state dir with the allocator's own rules, and
-with --repair put it right, printing every finding.
+"""hamictl doctor: the node's health check. It names the config it read and
+checks what a GPU create needs (the config, the real runtime, libvgpu, the
+GPUs through NVML) and the state dir with the allocator's own rules; with
+--repair it puts the state right, printing every finding.
+
+Exit status 0 on a healthy node, one where nothing was ever allocated
+included; 1 only for faults it names. Notes (a dead entry, a dir no entry
+owns: what the next allocator operation frees) are shown, and are no fault.
 
 Findings: a state or lock file that is not a regular file of ours (a symlink,
 a FIFO, a device, too large, foreign-owned), a state file that does not
@@ -15,11 +21,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import List
+from typing import List, NamedTuple
 
 import click
 
 from ..errors import HamiError
+from . import json_output
 from ..files import read_state_file
 from ..lifecycle import allocator, state_layout, store
 
@@ -55,13 +62,8 @@ def check_files(state_dir: str, repair: bool, out: List[str]) -> None:
             out.append(line)
 
 
-def check_entries(cfg, repair: bool, out: List[str]) -> None:
-    gpus = []
-    try:
-        from ..node import discovery
-        gpus = discovery.load_gpus(cfg.nvml_library)
-    except Exception as exc:  # no NVML: the fields are still checked
-        out.append(f"GPUs: not read ({type(exc).__name__}: {exc}); sizes not checked against them")
+def check_entries(cfg, gpus, repair: bool, out: List[str], notes: List[str]) -> None:
+    """gpus: this node's ([] where NVML could not be read: the fields are still checked)."""
     caps = {g.uuid: allocator.capacity(g, cfg.split_count, cfg.memory_scaling) for g in gpus}
     with store.transaction(cfg.state_dir, reconcile=False) as state:
         rebuilt = store.rebuild(cfg.state_dir) if (state.invalid and repair) else {}
@@ -78,8 +80,8 @@ def check_entries(cfg, repair: bool, out: List[str]) -> None:
                     break
             else:
                 if not store.entry_alive(entry):
-                    out.append(f"entry {name!r}: its container is gone"
-                               + ("; freed" if repair else ""))
+                    notes.append(f"entry {name!r}: its container is gone"
+                                 + ("; freed" if repair else "; the next allocator operation frees it"))
         for key, why in sorted(state.pod_problems.items()):
             out.append(f"pod record {key!r}: invalid: {why}" + (
                 "; dropped (rebuilt, incomplete, from its allocations where any names its pod)"
@@ -104,7 +106,7 @@ class _NoWrite(Exception):
     """Leaves a transaction without writing (doctor without --repair)."""
 
 
-def orphans(state_dir: str, out: List[str]) -> None:
+def orphans(state_dir: str, notes: List[str]) -> None:
     try:
         with store.transaction(state_dir, reconcile=False) as state:
             keep = set(state.allocations) | set(state.invalid)
@@ -117,10 +119,11 @@ def orphans(state_dir: str, out: List[str]) -> None:
             continue
         for name in sorted(os.listdir(path)):
             if name not in keep and "@" in name:
-                out.append(f"{os.path.join(path, name)}: no allocation owns it")
+                notes.append(f"{os.path.join(path, name)}: no allocation owns it; the next "
+                             "allocator operation removes it")
 
 
-def old_layout(state_dir: str, repair: bool, out: List[str]) -> None:
+def old_layout(state_dir: str, repair: bool, notes: List[str]) -> None:
     """Dirs named by the id alone (made before allocations had a runc root): a
     live container may still mount one, so only --repair removes those whose
     container is gone."""
@@ -143,40 +146,130 @@ def old_layout(state_dir: str, repair: bool, out: List[str]) -> None:
                 finally:
                     os.close(fd)
                 line += "; removed"
-            out.append(line)
+            notes.append(line)
 
 
-def doctor(cfg, repair: bool) -> List[str]:
-    out: List[str] = []
+class Report(NamedTuple):
+    """faults: what is wrong (exit 1); notes: worth knowing, no fault; checks:
+    (name, what was found) of each check that passed, the state dir's last."""
+    faults: List[str]
+    notes: List[str]
+    checks: List[tuple]
+    gpus: int | None = None
+    allocations: int | None = None
+
+
+def check_state(cfg, gpus, repair: bool, faults: List[str], notes: List[str]):
+    """The state dir's findings go to faults (notes with --repair, which puts
+    each right); returns what it holds, in words, and its allocations (None
+    where a fault keeps it from being read)."""
+    if not os.path.lexists(cfg.state_dir):
+        return f"{cfg.state_dir}: no state dir yet: nothing was ever allocated on this node", 0
     if not os.path.isdir(cfg.state_dir):
-        return [f"{cfg.state_dir}: no state dir (nothing allocated yet)"]
-    check_files(cfg.state_dir, repair, out)
-    if not repair and out:
-        return out  # the allocator would refuse these: nothing more can be read safely
+        faults.append(f"{cfg.state_dir}: the state dir is not a directory")
+        return "", None
+    found: List[str] = []
+    check_files(cfg.state_dir, repair, found)
+    if not repair and found:
+        faults.extend(found)  # the allocator would refuse these: nothing more can be read safely
+        return "", None
     if not repair:
-        orphans(cfg.state_dir, out)
+        orphans(cfg.state_dir, notes)
     try:
-        old_layout(cfg.state_dir, repair, out)
+        old_layout(cfg.state_dir, repair, notes)
     except (OSError, HamiError) as exc:
-        out.append(f"{cfg.state_dir}: {exc}")
+        found.append(f"{cfg.state_dir}: {exc}")
     try:
-        check_entries(cfg, repair, out)
+        check_entries(cfg, gpus, repair, found, notes)
     except _NoWrite:
         pass
-    return out
+    if found and not repair:
+        faults.extend(found)
+        return "", None
+    notes.extend(found)
+    held = allocations_held(cfg.state_dir)
+    return f"{cfg.state_dir}: state is sound, {held} allocation(s)", held
+
+
+def allocations_held(state_dir: str) -> int:
+    try:
+        with store.transaction(state_dir, reconcile=False) as state:
+            raise _NoWrite(len(state.allocations))
+    except _NoWrite as stop:
+        return stop.args[0]
+
+
+def check_gpus(cfg, faults: List[str], checks: List[tuple]) -> list:
+    """This node's GPUs through NVML ([] and a fault where it cannot say)."""
+    from ..config_origin import explain
+    try:
+        from ..node import discovery
+        gpus = discovery.load_gpus(cfg.nvml_library)
+    except HamiError as exc:
+        faults.append(f"GPUs: not read: {explain(exc, cfg.path).line()}")
+        return []
+    except Exception as exc:  # whatever NVML does, one line
+        faults.append(f"GPUs: not read: {type(exc).__name__}: {exc}")
+        return []
+    if not gpus:
+        faults.append("GPUs: NVML reports none on this node")
+        return []
+    checks.append(("GPUs", f"{len(gpus)}: " + ", ".join(f"{g.name} {g.model} {g.memory_mib} MiB"
+                                                       for g in gpus)))
+    return gpus
+
+
+def doctor(cfg, repair: bool) -> Report:
+    from .. import config
+    from ..config_origin import explain
+    faults: List[str] = []
+    notes: List[str] = []
+    checks = [("config", cfg.path or f"none: no file at {config.DEFAULT_PATH} and HAMI_CONFIG is "
+               "unset; every key at its default")]
+    try:
+        checks.append(("runtime", config.real_runtime(cfg)))
+    except HamiError as exc:
+        faults.append(explain(exc, cfg.path).line())
+    if os.path.isfile(cfg.libvgpu):
+        checks.append(("libvgpu", cfg.libvgpu))
+    else:
+        faults.append(explain(HamiError("config libvgpu", cfg.libvgpu, "file not found"), cfg.path).line())
+    gpus = check_gpus(cfg, faults, checks)
+    state, held = check_state(cfg, gpus, repair, faults, notes)
+    if state:
+        checks.append(("state", state))
+    return Report(faults, notes, checks, len(gpus) if gpus else None, held)
 
 
 @click.command("doctor")
-@click.option("--repair", is_flag=True, help="put what is found right")
+@click.option("--repair", is_flag=True, help="put what is found in the state dir right")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
-def doctor_command(ctx, repair):
-    """Check the allocator's state dir (and repair it with --repair)."""
+def doctor_command(ctx, repair, as_json):
+    """The node's health check: the config read, the runtime, libvgpu, the GPUs
+    and the allocator's state dir (repaired with --repair). Exit status 0 when
+    healthy, 1 for the faults it names."""
     from .. import config
-    cfg = config.load(ctx.obj["config_path"])
-    found = doctor(cfg, repair)
-    for line in found:
-        click.echo(line)
-    if not found:
-        click.echo(f"{cfg.state_dir}: state is sound")
-    elif not repair:
+    try:
+        cfg = config.load(ctx.obj["config_path"])
+    except HamiError as exc:
+        report = Report([exc.line()], [], [])
+    else:
+        report = doctor(cfg, repair)
+    if as_json:
+        click.echo(json_output.dumps({
+            "healthy": not report.faults, "faults": report.faults, "notes": report.notes,
+            "checks": dict(report.checks), "gpus": report.gpus, "allocations": report.allocations}))
+    else:
+        state = [found for name, found in report.checks if name == "state"]
+        for name, found in report.checks:
+            if name != "state":
+                click.echo(f"{name}: {found}")
+        for line in report.faults:
+            click.echo(f"fault: {line}")
+        for line in report.notes:
+            click.echo(f"note: {line}")
+        for line in state:  # last: what most runs end with
+            click.echo(line)
+    if report.faults:
         ctx.exit(1)

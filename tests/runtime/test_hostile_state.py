@@ -120,7 +120,7 @@ def test_forged_entry_is_reported_and_never_free(node, device, reason):
     assert doctor.returncode == 1 and reason in doctor.stdout
     repaired = node.hamictl("doctor", "--repair")
     assert repaired.returncode == 0 and "dropped" in repaired.stdout
-    assert node.hamictl("doctor").stdout.endswith("state is sound\n")
+    assert node.hamictl("doctor").stdout.endswith("state is sound, 0 allocation(s)\n")
     proc = node.create("c2", node.bundle("c2", request))
     assert proc.returncode == 0, proc.stderr
 

@@ -1,0 +1,112 @@
+"""hamictl doctor as the node's health check: exit 0 on a healthy node (one
+where nothing was ever allocated included, which it says), 1 only for faults it
+names; notes (what the next allocator operation frees) are no fault."""
+import json
+import shutil
+
+import pytest
+
+from hami_runtime.lifecycle import state_layout, store
+
+GPU = {"hami.io/gpumem": "1000"}
+GPU0 = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"  # the simulator's first
+
+
+def doctor(node, *args):
+    proc = node.hamictl("doctor", *args)
+    shown = json.loads(node.hamictl("doctor", "--json", *args).stdout) if "--repair" not in args else None
+    return proc, shown
+
+
+def fresh(node):
+    pass
+
+
+def live(node):
+    assert node.create("live", node.bundle("live", GPU)).returncode == 0
+
+
+def container_gone(node):
+    """An entry whose container runc no longer has (its state.json gone, as
+    after a node crash): dead, freed by the next allocator operation."""
+    root = node.runc_root / "gone"
+    root.mkdir(parents=True)
+    (root / "state.json").write_text("{}")
+    entry = {"id": "gone", "runc_root": str(node.runc_root), "bundle": "/bundles/gone",
+             "devices": [{"index": 0, "uuid": GPU0, "mem_mib": 1000, "cores": 0}],
+             "core_policy": "default", "priority": 1, "pid": 0}
+    with store.transaction(str(node.state_dir)) as state:
+        state.allocations[state_layout.alloc_name(str(node.runc_root), "gone")] = entry
+    shutil.rmtree(root)
+
+
+HEALTHY = [
+    # (case, what was done to the node, the state line, a note)
+    ("fresh", fresh, "no state dir yet: nothing was ever allocated on this node", None),
+    ("live", live, "state is sound, 1 allocation(s)", None),
+    ("container-gone", container_gone, "state is sound, 1 allocation(s)",
+     "its container is gone; the next allocator operation frees it"),
+]
+
+
+@pytest.mark.parametrize("case,make,state,note", HEALTHY, ids=[c[0] for c in HEALTHY])
+def test_healthy(node, case, make, state, note):
+    make(node)
+    proc, shown = doctor(node)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"config: {node.config}" and lines[-1] == f"{node.state_dir}: {state}"
+    assert [x for x in lines if x.startswith("GPUs: ")] == [
+        "GPUs: 2: 0 HAMi Simulated GPU 16384 MiB, 1 HAMi Simulated GPU 16384 MiB"]
+    assert not [x for x in lines if x.startswith("fault:")]
+    assert shown["healthy"] is True and shown["faults"] == [] and shown["gpus"] == 2
+    assert shown["checks"]["state"] == f"{node.state_dir}: {state}"
+    assert shown["checks"]["config"] == str(node.config)
+    if note:
+        assert any(note in x for x in shown["notes"]) and f"note: " in proc.stdout
+    else:
+        assert shown["notes"] == []
+
+
+def corrupt_state(node):
+    node.state_dir.mkdir()
+    (node.state_dir / "allocations.json").write_text("{not json")
+
+
+FAULTS = [
+    # (case, config overrides, what else is done, the fault line names)
+    ("libvgpu-missing", {"libvgpu": "/nonexistent/libvgpu.so"}, None,
+     "config libvgpu='/nonexistent/libvgpu.so': file not found (set in "),
+    ("runtime-missing", {"runtime": ["/nonexistent/runc"]}, None,
+     "config runtime='/nonexistent/runc': no executable OCI runtime found (set in "),
+    ("nvml-missing", {"nvml_library": "/nonexistent/libnvidia-ml.so.1"}, None,
+     "GPUs: not read: config nvml_library='/nonexistent/libnvidia-ml.so.1': cannot load"),
+    ("state-corrupt", {}, corrupt_state, "allocations.json: not JSON"),
+]
+
+
+@pytest.mark.parametrize("case,overrides,make,fault", FAULTS, ids=[c[0] for c in FAULTS])
+def test_faults_are_named_and_exit_1(node, case, overrides, make, fault):
+    node.write_config(**overrides)
+    if make:
+        make(node)
+    proc, shown = doctor(node)
+    assert proc.returncode == 1
+    faults = [x for x in proc.stdout.splitlines() if x.startswith("fault: ")]
+    assert len(faults) == 1 and fault in faults[0], proc.stdout
+    assert shown["healthy"] is False and shown["faults"] == [faults[0].removeprefix("fault: ")]
+
+
+def test_an_unreadable_config_is_a_fault(node):
+    node.config.write_text("split_count = 0\n")
+    proc, shown = doctor(node)
+    assert proc.returncode == 1 and "fault: config split_count='0'" in proc.stdout
+    assert shown["healthy"] is False and shown["checks"] == {}
+
+
+def test_repair_leaves_a_healthy_node(node):
+    corrupt_state(node)
+    repaired = node.hamictl("doctor", "--repair")
+    assert repaired.returncode == 0 and "moved aside" in repaired.stdout
+    proc, shown = doctor(node)
+    assert proc.returncode == 0 and shown["healthy"] is True and shown["allocations"] == 0
