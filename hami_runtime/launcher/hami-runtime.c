@@ -7,7 +7,9 @@
  * candidate. So do create and run of a spec that surely asks for no GPU
  * (spec_scan.c: no request key, env request or dockerd GPU hook, and nothing
  * it cannot read exactly as Python would), with runc's flags only and a valid
- * id: the Python runtime would pass it through untouched. delete runs the real
+ * id: the Python runtime would pass it through untouched (the first such
+ * create on a state dir without the validated config starts a detached,
+ * niced warm-up of the caches a GPU create reads). delete runs the real
  * runtime's delete and returns its status at once; where the state dir holds
  * the id's allocation dirs, the allocation is then freed by a detached Python
  * release (stdio on /dev/null), and by any later allocator transaction in any
@@ -30,6 +32,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -226,8 +229,9 @@ static const char *find_runtime(void)
 }
 
 /* Python with `flag` set in its env, detached: the caller does not wait for
- * it, and it holds none of the caller's pipes (stdio on /dev/null). */
-static void python_detached(char **argv, const char *flag)
+ * it, and it holds none of the caller's pipes (stdio on /dev/null); with
+ * `niceness`, at that nice value. */
+static void python_detached(char **argv, const char *flag, int niceness)
 {
     pid_t child = fork();
     if (child < 0)
@@ -244,6 +248,8 @@ static void python_detached(char **argv, const char *flag)
                 close(null);
         }
         setenv(flag, "1", 1);
+        if (niceness)
+            setpriority(PRIO_PROCESS, 0, niceness); /* failing that, at the caller's */
         run_python(argv);
     }
     waitpid(child, NULL, 0);
@@ -275,7 +281,7 @@ static void warm_up_once(char *argv0)
         return;
     close(fd);
     char *args[] = {argv0, NULL}; /* no command: without the flag, runc's help */
-    python_detached(args, WARM_UP_ENV);
+    python_detached(args, WARM_UP_ENV, 19); /* behind whatever the node runs now */
 }
 
 /*
@@ -336,7 +342,7 @@ static int delete_then_release(const char *runtime, int argc, char **argv, int a
         if (errno != EINTR)
             return 1;
     if (may_hold_allocation(argc, argv, at))
-        python_detached(argv, DELETE_DONE_ENV); /* the next allocator transaction frees it otherwise */
+        python_detached(argv, DELETE_DONE_ENV, 0); /* the next allocator transaction frees it otherwise */
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
