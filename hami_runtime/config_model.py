@@ -89,6 +89,9 @@ class NodeConfig(Strict):
     extra_env: dict[EnvName, str] = Field(default_factory=dict, description="env set in every GPU container")
     extra_mounts: list[ExtraMount] = Field(default_factory=list,
                                            description="bind mounts into every GPU container")
+    allow_chroot: bool = Field(
+        False, description="GPU containers keep CAP_SYS_CHROOT; false (the default): it is taken from "
+        "every capability set, as a chroot into a tree without /etc/ld.so.preload runs unlimited")
     hook_command: list[str] = Field(
         default_factory=list, description="argv of the OCI hook, absolute path first; empty: the "
         "launcher's own createRuntime hook, and this Python's hami_hook")

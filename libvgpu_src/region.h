@@ -70,13 +70,13 @@
 
 /* Where the runtime puts them in a container (hami_runtime/lifecycle/modifiers.py
  * says the same; a test checks that they agree). */
-#define HAMI_RUNTIME_LIBVGPU "/usr/local/vgpu/libvgpu.so"
-#define HAMI_LIMITS_PATH "/usr/local/vgpu/limits"
-#define HAMI_RUNTIME_REGION_DIR "/usr/local/vgpu/shared"
+#define HAMI_RUNTIME_LIBVGPU "/.hami/libvgpu.so"
+#define HAMI_LIMITS_PATH "/.hami/limits"
+#define HAMI_RUNTIME_REGION_DIR "/.hami/shared"
 #define HAMI_RUNTIME_REGION_PATH HAMI_RUNTIME_REGION_DIR "/vgpu.region"
 #define HAMI_RUNTIME_STAMP_DIR HAMI_RUNTIME_REGION_DIR "/activity"
-#define HAMI_RUNTIME_ACTIVITY_BOARD "/usr/local/vgpu/activity"
-#define HAMI_RUNTIME_PRIORITY_BOARD "/usr/local/vgpu/priority"
+#define HAMI_RUNTIME_ACTIVITY_BOARD "/.hami/activity"
+#define HAMI_RUNTIME_PRIORITY_BOARD "/.hami/priority"
 
 #define HAMI_LIMITS_MAGIC 0x3153544d494c4148
 #define HAMI_LIMITS_VERSION 1

@@ -3,10 +3,10 @@
 #
 # Runs PROGRAM as a process of a container made by hami-runtime finds libvgpu's
 # files, without the rest of a container, in a mount namespace of its own (as
-# root): LIMITS at /usr/local/vgpu/limits (read-only, as the runtime mounts it;
+# root): LIMITS at /.hami/limits (read-only, as the runtime mounts it;
 # `rw` only to try a writable one), REGION_DIR read-write at
-# /usr/local/vgpu/shared and, unless BOARDS is empty, its `activity` and
-# `priority` dirs read-only at /usr/local/vgpu/activity and /usr/local/vgpu/priority
+# /.hami/shared and, unless BOARDS is empty, its `activity` and
+# `priority` dirs read-only at /.hami/activity and /.hami/priority
 # (the boards; libvgpu_src/region.h). The tests and benchmarks drive libvgpu in
 # that mode with it.
 set -e
@@ -14,16 +14,16 @@ if [ "$1" != --in-namespace ]; then
     exec unshare --mount --propagation private -- sh "$0" --in-namespace "$@"
 fi
 shift
-mkdir -p /usr/local/vgpu
-mount -t tmpfs -o mode=0755 hami-runtime-made /usr/local/vgpu
-touch /usr/local/vgpu/limits
-mount --bind -o "$4" "$1" /usr/local/vgpu/limits
-mkdir /usr/local/vgpu/shared
-mount --bind "$2" /usr/local/vgpu/shared
+mkdir -p /.hami
+mount -t tmpfs -o mode=0755 hami-runtime-made /.hami
+touch /.hami/limits
+mount --bind -o "$4" "$1" /.hami/limits
+mkdir /.hami/shared
+mount --bind "$2" /.hami/shared
 for board in activity priority; do
     if [ -n "$3" ] && [ -d "$3/$board" ]; then
-        mkdir /usr/local/vgpu/$board
-        mount --bind -o ro "$3/$board" /usr/local/vgpu/$board
+        mkdir /.hami/$board
+        mount --bind -o ro "$3/$board" /.hami/$board
     fi
 done
 shift 4

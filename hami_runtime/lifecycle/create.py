@@ -98,24 +98,16 @@ def distinct_files(driver_files) -> list:
 
 
 def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
-                    request, marker: dict, launcher=None) -> "modifiers.Injection":
+                    request, marker: dict, launcher=None, etc=None) -> "modifiers.Injection":
     from . import boards, container_files, modifiers, state_layout
     minor_of = {g.uuid: g.minor for g in gpus}
     region_dir = state_layout.container_dir(cfg.state_dir, name)
     preload = os.path.join(state_layout.private_dir(cfg.state_dir, name), "ld.so.preload")
     mounts = [modifiers.Mount(f.host_path, f.container_path, tuple(modifiers.RO_BIND))
               for f in driver_files]
-    mounts += [
-        modifiers.Mount(cfg.libvgpu, modifiers.LIBVGPU_PATH, tuple(modifiers.RO_BIND)),
-        modifiers.Mount(preload, modifiers.PRELOAD_PATH, tuple(modifiers.RO_BIND)),
-        modifiers.Mount(container_files.limits_path(cfg.state_dir, name), modifiers.LIMITS_PATH,
-                        tuple(modifiers.RO_BIND)),
-        modifiers.Mount(region_dir, modifiers.REGION_DIR, tuple(modifiers.RW_BIND)),
-        modifiers.Mount(boards.board_root(cfg.state_dir, boards.ACTIVITY), modifiers.ACTIVITY_BOARD_DIR,
-                        tuple(modifiers.RO_BIND)),
-        modifiers.Mount(boards.board_root(cfg.state_dir, boards.PRIORITY), modifiers.PRIORITY_BOARD_DIR,
-                        tuple(modifiers.RO_BIND)),
-    ]
+    mounts += modifiers.slice_mounts(
+        cfg.libvgpu, preload, container_files.limits_path(cfg.state_dir, name), region_dir,
+        boards.board_root(cfg.state_dir, boards.ACTIVITY), boards.board_root(cfg.state_dir, boards.PRIORITY))
     mounts += [modifiers.Mount(m["source"], m["destination"],
                                tuple(modifiers.RO_BIND if m["readonly"] else modifiers.RW_BIND))
                for m in cfg.extra_mounts]
@@ -144,7 +136,8 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
                                        mig_cap_minors(cfg, grants, gpus, majors)),
         mounts=mounts, env=env, library_dirs=library_dirs,
         hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV),
-        create_hook_argv=create_hook_argv(cfg, launcher, runc_root), marker=marker)
+        create_hook_argv=create_hook_argv(cfg, launcher, runc_root), marker=marker,
+        etc=etc, dropped_capabilities=() if cfg.allow_chroot else (modifiers.CHROOT,))
 
 
 def mig_cap_minors(cfg: Config, grants, gpus, majors) -> list[int]:
@@ -283,6 +276,8 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
     from ..files import process_start
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
+    from .rootfs import etc_hold
+    etc = etc_hold(bundle, spec)  # refused before anything is allocated
     gpus = discovery_cache.gpus(cfg)
     majors = device_majors(cfg)
     capabilities = driver_capabilities.parse(requests.env_map(env).get(driver_capabilities.VARIABLE))
@@ -344,7 +339,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
     try:
         _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
         edited = modifiers.apply(json.loads(json.dumps(spec)), build_injection(
-            cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher))
+            cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher, etc))
         spec_io.write(bundle, edited)
     except BaseException:
         store.discard(cfg.state_dir, name, entry["creator"])

@@ -7,25 +7,35 @@ already edited spec converges.
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
 from .docker_gpus import without_gpu_hooks
 
-# Where libvgpu looks (libvgpu_src/region.h: HAMI_LIMITS_PATH, HAMI_RUNTIME_*; a
-# test checks that they agree).
-VGPU_DIR = "/usr/local/vgpu"
-LIBVGPU_PATH = f"{VGPU_DIR}/libvgpu.so"
-LIMITS_PATH = f"{VGPU_DIR}/limits"      # the host's limits file, read-only
-REGION_DIR = f"{VGPU_DIR}/shared"
-ACTIVITY_BOARD_DIR = f"{VGPU_DIR}/activity"   # the activity board, read-only
-PRIORITY_BOARD_DIR = f"{VGPU_DIR}/priority"   # the priority board, read-only
+# Where libvgpu and the loader find what holds the slice: under one root-level
+# mount point, each file itself a mount point, so that no rename in the container
+# takes one off its path (the kernel refuses to rename a mount point, and nothing
+# above /.hami but the root). libvgpu_src/region.h says the same (HAMI_LIMITS_PATH,
+# HAMI_RUNTIME_*; a test checks that they agree).
+HAMI_DIR = "/.hami"
+LIBVGPU_PATH = f"{HAMI_DIR}/libvgpu.so"
+LIMITS_PATH = f"{HAMI_DIR}/limits"      # the host's limits file, read-only
+REGION_DIR = f"{HAMI_DIR}/shared"
+ACTIVITY_BOARD_DIR = f"{HAMI_DIR}/activity"   # the activity board, read-only
+PRIORITY_BOARD_DIR = f"{HAMI_DIR}/priority"   # the priority board, read-only
+VGPU_LIBVGPU_PATH = "/usr/local/vgpu/libvgpu.so"  # where HAMi-core's users name it; nothing reads it
+ETC = "/etc"
 PRELOAD_PATH = "/etc/ld.so.preload"
 MARKER = "hami.io/allocation"
 NVIDIA_MAJOR = 195
 RO_BIND = ["bind", "ro", "nosuid", "nodev"]
 RW_BIND = ["bind", "rw", "nosuid", "nodev"]
+# /.hami itself: an empty read-only tmpfs that holds only mount points (runc makes
+# them before it turns the tmpfs read-only)
+HAMI_TMPFS = ["ro", "nosuid", "nodev", "noexec", "mode=755", "size=64k"]
+CHROOT = "CAP_SYS_CHROOT"
 
 
 class DeviceNode(NamedTuple):
@@ -38,6 +48,47 @@ class Mount(NamedTuple):
     source: str
     destination: str
     options: tuple[str, ...]
+    type: str = "bind"
+
+
+def slice_mounts(libvgpu: str, preload: str, limits: str, region_dir: str, activity: str,
+                 priority: str) -> list[Mount]:
+    """What holds the slice (host paths in, mounts out, in mount order): /.hami
+    first, then each file and dir in it; the preload file, naming /.hami's
+    libvgpu; libvgpu once more where HAMi-core's users look for it."""
+    ro, rw = tuple(RO_BIND), tuple(RW_BIND)
+    return [Mount("tmpfs", HAMI_DIR, tuple(HAMI_TMPFS), "tmpfs"),
+            Mount(libvgpu, LIBVGPU_PATH, ro),
+            Mount(limits, LIMITS_PATH, ro),
+            Mount(region_dir, REGION_DIR, rw),
+            Mount(activity, ACTIVITY_BOARD_DIR, ro),
+            Mount(priority, PRIORITY_BOARD_DIR, ro),
+            Mount(preload, PRELOAD_PATH, ro),
+            Mount(libvgpu, VGPU_LIBVGPU_PATH, ro)]
+
+
+class EtcHold(NamedTuple):
+    """How /etc becomes a mount point of its own: a mount placed before every mount
+    at or under /etc, or a path runc binds onto itself (recursively, so keeping
+    what is mounted under it) read-only after every mount (linux.readonlyPaths)."""
+    mount: Mount | None = None
+    readonly_path: str | None = None
+
+
+def etc_hold(etc_source: str | None, readonly: bool) -> EtcHold:
+    """/etc a mount point for a root that is read-only or not (`readonly`), whose
+    /etc is at `etc_source` on the host (None: the image has none). A writable
+    root's /etc is bound onto itself; a read-only root's is in readonlyPaths, as
+    runc makes the mount points under it (the preload's) only while the root is
+    writable; where the image has no /etc, an empty tmpfs stands for the
+    directory runc would have made (read-only with a read-only root: runc makes
+    a tmpfs read-only after the mounts in it)."""
+    ro = ("ro",) if readonly else ()
+    if etc_source is None:
+        return EtcHold(Mount("tmpfs", ETC, ro + ("nosuid", "nodev", "mode=755"), "tmpfs"))
+    if readonly:
+        return EtcHold(readonly_path=ETC)
+    return EtcHold(Mount(etc_source, ETC, ("bind",)))
 
 
 class Injection(NamedTuple):
@@ -50,6 +101,8 @@ class Injection(NamedTuple):
     hook_env: Sequence[str] = ()
     create_hook_argv: Sequence[str] = ()  # createRuntime's own (the launcher's C hook); (): hook_argv
     marker: object = None
+    etc: EtcHold | None = None            # /etc's own mount point (etc_hold), or None
+    dropped_capabilities: Sequence[str] = ()  # taken from every set of process.capabilities
 
 
 def device_nodes(minors: Sequence[int], majors: dict[str, int],
@@ -92,12 +145,52 @@ def allow_device_access(spec: dict, inj: Injection) -> dict:
     return spec
 
 
+def _mount(m: Mount) -> dict:
+    return {"destination": m.destination, "type": m.type, "source": m.source, "options": list(m.options)}
+
+
+def _normal(destination) -> str:
+    return posixpath.normpath("/" + str(destination).lstrip("/"))
+
+
 def add_mounts(spec: dict, inj: Injection) -> dict:
     targets = {m.destination for m in inj.mounts}
     kept = [m for m in spec.get("mounts") or [] if m.get("destination") not in targets]
-    kept += [{"destination": m.destination, "type": "bind", "source": m.source,
-              "options": list(m.options)} for m in inj.mounts]
+    kept += [_mount(m) for m in inj.mounts]
     spec["mounts"] = kept
+    return spec
+
+
+def hold_etc(spec: dict, inj: Injection) -> dict:
+    """/etc a mount point (inj.etc), so that renaming /etc, which would take
+    /etc/ld.so.preload off the loader's path, is refused. A mount goes before
+    every mount at or under /etc the spec has (the engine's /etc/hosts, the
+    preload ...), which it would cover otherwise; a spec that mounts /etc
+    itself has its mount point already."""
+    if inj.etc is None:
+        return spec
+    ours = _mount(inj.etc.mount) if inj.etc.mount else None
+    mounts = [m for m in spec.get("mounts") or [] if m != ours]
+    places = [_normal(m.get("destination", "")) for m in mounts]
+    if ETC not in places:
+        if ours:
+            under = [i for i, p in enumerate(places) if p.startswith(ETC + "/")]
+            mounts.insert(under[0] if under else len(mounts), ours)
+        if inj.etc.readonly_path:
+            paths = _linux(spec).get("readonlyPaths") or []
+            _linux(spec)["readonlyPaths"] = paths + [ETC] * (ETC not in paths)
+    spec["mounts"] = mounts
+    return spec
+
+
+def drop_capabilities(spec: dict, inj: Injection) -> dict:
+    """inj.dropped_capabilities out of every set the spec gives (a spec that
+    names none has none)."""
+    caps = (spec.get("process") or {}).get("capabilities")
+    if inj.dropped_capabilities and isinstance(caps, dict):
+        for kind, names in caps.items():
+            if isinstance(names, list):
+                caps[kind] = [c for c in names if c not in inj.dropped_capabilities]
     return spec
 
 
@@ -149,8 +242,8 @@ def mark_allocation(spec: dict, inj: Injection) -> dict:
 
 
 MODIFIERS: tuple[Callable[[dict, Injection], dict], ...] = (
-    add_device_nodes, allow_device_access, add_mounts, set_env, add_hooks, without_gpu_hooks,
-    mark_allocation)
+    add_device_nodes, allow_device_access, add_mounts, hold_etc, drop_capabilities, set_env, add_hooks,
+    without_gpu_hooks, mark_allocation)
 
 
 def apply(spec: dict, inj: Injection, modifiers=MODIFIERS) -> dict:

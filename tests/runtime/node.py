@@ -20,7 +20,8 @@ RUNTIME = [sys.executable, "-m", "hami_runtime"]
 LAUNCHER = BUILD / "hami-runtime"  # the C front (make build); falls back to RUNTIME
 HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl import main; sys.exit(main())"]
 APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink",
-           "dd", "rm", "mv", "ln", "cp", "truncate", "mount", "umount")
+           "dd", "rm", "mv", "ln", "cp", "truncate", "mount", "umount", "mkdir", "chroot", "cmp", "id",
+           "sed", "touch", "whoami", "cut", "dpkg", "setpriv", "head", "wc", "find", "mknod", "unshare")
 TIMEOUT = 60
 SIM_CONF = "sim.conf"  # a node's simulated-driver config, beside its state file
 
@@ -122,11 +123,18 @@ class Node:
             env["HAMI_SIM_CONFIG"] = str(self.sim_state / SIM_CONF)
         return env
 
-    def bundle(self, name, annotations=None, env=(), args=("sleep", "60")):
+    def private_rootfs(self, name):
+        """A copy of the rootfs for one container that changes it (the shared one
+        stays as made)."""
+        path = self.tmp / "rootfs" / name
+        shutil.copytree(self.rootfs, path, symlinks=True)
+        return path
+
+    def bundle(self, name, annotations=None, env=(), args=("sleep", "60"), rootfs=None, readonly=False):
         path = self.tmp / "bundles" / name
         path.mkdir(parents=True)
         spec = json.loads(json.dumps(self.template))
-        spec["root"] = {"path": str(self.rootfs), "readonly": False}
+        spec["root"] = {"path": str(rootfs or self.rootfs), "readonly": readonly}
         spec["process"]["args"] = list(args)
         spec["process"]["env"] += list(env)
         if annotations:

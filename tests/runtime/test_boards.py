@@ -185,9 +185,9 @@ def test_create_links_only_high_priority_and_delete_unlinks(node, priority, link
     spec = spec_of(bundle)
     mounts = {m["destination"]: m for m in spec["mounts"]}
     for board in ("priority", "activity"):
-        mounted = mounts[f"/usr/local/vgpu/{board}"]
+        mounted = mounts[f"/.hami/{board}"]
         assert mounted["source"] == str(node.state_dir / board) and "ro" in mounted["options"]
-    assert "rw" in mounts["/usr/local/vgpu/shared"]["options"]
+    assert "rw" in mounts["/.hami/shared"]["options"]
 
     assert node.runtime("delete", "c").returncode == 0
     for board in ("priority", "activity"):
@@ -210,10 +210,10 @@ def test_a_high_priority_container_sees_the_board_read_only(node):
     board fails while writing the stamp works."""
     bundle = node.bundle("hi", {"hami.io/gpumem": "1000", "hami.io/priority": "0"}, args=(
         "sh", "-c",
-        'u=$(ls /usr/local/vgpu/shared/activity); e=$(ls /usr/local/vgpu/priority/$u); '
-        'stat -c %d:%i /usr/local/vgpu/shared/activity/$u /usr/local/vgpu/priority/$u/$e; '
-        'echo x > /usr/local/vgpu/priority/$u/$e && echo board-writable; '
-        'echo x > /usr/local/vgpu/shared/activity/$u && echo stamp-writable'))
+        'u=$(ls /.hami/shared/activity); e=$(ls /.hami/priority/$u); '
+        'stat -c %d:%i /.hami/shared/activity/$u /.hami/priority/$u/$e; '
+        'echo x > /.hami/priority/$u/$e && echo board-writable; '
+        'echo x > /.hami/shared/activity/$u && echo stamp-writable'))
     proc = node.runtime("run", "--bundle", str(bundle), "hi")
     out = (proc.stdout + proc.stderr)
     assert proc.returncode == 0, out

@@ -15,15 +15,15 @@ from .node import CUDA_ALLOC
 SCHEMAS = ROOT / "schemas"
 GPU = {"hami.io/gpumem": "3000", "hami.io/gpucores": "30"}
 CHECKS = ("test -c /dev/nvidia0 && echo DEV=ok; env; echo PRELOAD=$(cat /etc/ld.so.preload); "
-          "test -f /usr/local/vgpu/libvgpu.so && echo LIB=ok; "
+          "test -f /.hami/libvgpu.so && cmp /.hami/libvgpu.so /usr/local/vgpu/libvgpu.so && echo LIB=ok; "
           "test -f $CUDA_DEVICE_MEMORY_SHARED_CACHE && echo REGION=ok")
 
 
 def check_inside(output):
     lines = output.splitlines()
     for expected in ("DEV=ok", "CUDA_DEVICE_MEMORY_LIMIT_0=3000m", "CUDA_DEVICE_SM_LIMIT=30",
-                     "LIB=ok", "PRELOAD=/usr/local/vgpu/libvgpu.so", "REGION=ok",
-                     "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/shared/vgpu.region"):
+                     "LIB=ok", "PRELOAD=/.hami/libvgpu.so", "REGION=ok",
+                     "CUDA_DEVICE_MEMORY_SHARED_CACHE=/.hami/shared/vgpu.region"):
         assert expected in lines, (expected, output)
 
 

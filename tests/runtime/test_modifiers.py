@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from hami_runtime.lifecycle import modifiers as m
 
@@ -148,3 +149,98 @@ def test_container_paths_are_libvgpus():
     from hami_runtime.node import region
     assert paths["HAMI_RUNTIME_REGION_PATH"] == f"{m.REGION_DIR}/{region.REGION_FILE_NAME}"
     assert paths["HAMI_RUNTIME_STAMP_DIR"] == f"{m.REGION_DIR}/{boards.STAMP_DIR}"
+
+
+def test_slice_mounts_come_under_one_mount_point_first():
+    """/.hami (a read-only tmpfs) before everything in it; the preload names what
+    is mounted at LIBVGPU_PATH; HAMi-core's place keeps the library too."""
+    mounts = m.slice_mounts("/lib/libvgpu.so", "/p/ld.so.preload", "/p/limits", "/s/c", "/s/activity",
+                            "/s/priority")
+    assert mounts[0] == m.Mount("tmpfs", m.HAMI_DIR, tuple(m.HAMI_TMPFS), "tmpfs") and "ro" in m.HAMI_TMPFS
+    inside = [x for x in mounts if x.destination.startswith(m.HAMI_DIR + "/")]
+    assert [x.destination for x in inside] == [m.LIBVGPU_PATH, m.LIMITS_PATH, m.REGION_DIR,
+                                               m.ACTIVITY_BOARD_DIR, m.PRIORITY_BOARD_DIR]
+    assert [x.options[1] for x in inside] == ["ro", "ro", "rw", "ro", "ro"]
+    assert m.Mount("/p/ld.so.preload", m.PRELOAD_PATH, tuple(m.RO_BIND)) in mounts
+    assert m.Mount("/lib/libvgpu.so", "/usr/local/vgpu/libvgpu.so", tuple(m.RO_BIND)) in mounts
+    spec = m.add_mounts(base(), INJ._replace(mounts=mounts))
+    assert spec["mounts"][1] == {"destination": "/.hami", "type": "tmpfs", "source": "tmpfs",
+                                 "options": list(m.HAMI_TMPFS)}
+
+
+def test_etc_hold():
+    assert m.etc_hold("/rootfs/etc", False) == m.EtcHold(m.Mount("/rootfs/etc", "/etc", ("bind",)))
+    # a read-only root: runc binds it after the mounts under it are made
+    assert m.etc_hold("/rootfs/etc", True) == m.EtcHold(readonly_path="/etc")
+    # an image without /etc: an empty tmpfs where runc would have made a directory
+    assert m.etc_hold(None, False) == m.EtcHold(m.Mount("tmpfs", "/etc", ("nosuid", "nodev", "mode=755"), "tmpfs"))
+    assert m.etc_hold(None, True).mount.options[0] == "ro"
+
+
+def mount(destination):
+    return {"destination": destination, "type": "bind", "source": "/host" + destination, "options": ["rbind"]}
+
+
+ETC = m.etc_hold("/rootfs/etc", False)
+OURS = {"destination": "/etc", "type": "bind", "source": "/rootfs/etc", "options": ["bind"]}
+# the spec's mounts (destinations), and where /etc's own mount point goes among them
+HOLD_ETC = {
+    "docker's": (["/proc", "/dev", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts", "/dev/shm"], 2),
+    "podman's": (["/proc", "/dev", "/etc/hosts", "/run/.containerenv", "/etc/resolv.conf"], 2),
+    "none under /etc": (["/proc", "/dev"], 2),
+    "a volume under /etc first": (["/etc/ssl/certs", "/proc"], 0),
+    "written oddly": (["/proc", "etc/hosts", "//etc/./hostname"], 1),
+    "/etcetera is not under /etc": (["/etcetera", "/etc/hosts"], 1),
+    "the spec mounts /etc itself": (["/proc", "/etc", "/etc/hosts"], None),
+    "and writes it oddly": (["/proc", "/etc/", "/etc/hosts"], None),
+}
+
+
+@pytest.mark.parametrize("destinations, at", HOLD_ETC.values(), ids=HOLD_ETC.keys())
+def test_hold_etc_goes_before_every_mount_under_etc(destinations, at):
+    spec = base()
+    spec["mounts"] = [mount(d) for d in destinations]
+    once = m.hold_etc(copy.deepcopy(spec), INJ._replace(etc=ETC))
+    expected = [mount(d) for d in destinations]
+    if at is not None:
+        expected.insert(at, OURS)
+    assert once["mounts"] == expected
+    assert m.hold_etc(copy.deepcopy(once), INJ._replace(etc=ETC)) == once
+    assert m.hold_etc(copy.deepcopy(spec), INJ) == spec  # nothing to hold: untouched
+    # a read-only root: /etc in readonlyPaths, unless the spec mounts /etc itself
+    readonly = m.hold_etc(copy.deepcopy(spec), INJ._replace(etc=m.etc_hold("/rootfs/etc", True)))
+    assert readonly["mounts"] == spec["mounts"]
+    assert readonly["linux"].get("readonlyPaths") == (["/etc"] if at is not None else None)
+    assert m.hold_etc(copy.deepcopy(readonly), INJ._replace(etc=m.etc_hold("/rootfs/etc", True))) == readonly
+
+
+def test_hold_etc_goes_before_the_preload():
+    inj = INJ._replace(mounts=m.slice_mounts("/l", "/p", "/li", "/r", "/a", "/pr"), etc=ETC)
+    mounts = [x["destination"] for x in m.apply(base(), inj)["mounts"]]
+    assert mounts.index("/etc") < mounts.index("/etc/ld.so.preload")
+    assert m.apply(m.apply(base(), inj), inj) == m.apply(base(), inj)
+    jsonschema.validate(m.apply(base(), inj), SCHEMA)
+
+
+CAPS = ["CAP_CHOWN", "CAP_SYS_CHROOT", "CAP_MKNOD"]
+# the spec's process.capabilities, and what the chroot-less GPU container gets
+DROP = {
+    "every set": ({k: list(CAPS) for k in ("bounding", "effective", "permitted", "inheritable", "ambient")},
+                  {k: ["CAP_CHOWN", "CAP_MKNOD"] for k in ("bounding", "effective", "permitted", "inheritable",
+                                                            "ambient")}),
+    "some sets": ({"bounding": list(CAPS), "effective": ["CAP_KILL"]},
+                  {"bounding": ["CAP_CHOWN", "CAP_MKNOD"], "effective": ["CAP_KILL"]}),
+    "no capabilities named": (None, None),
+}
+
+
+@pytest.mark.parametrize("caps, expected", DROP.values(), ids=DROP.keys())
+def test_drop_capabilities(caps, expected):
+    spec = base()
+    if caps is not None:
+        spec["process"]["capabilities"] = caps
+    inj = INJ._replace(dropped_capabilities=(m.CHROOT,))
+    once = m.drop_capabilities(copy.deepcopy(spec), inj)
+    assert once["process"].get("capabilities") == expected
+    assert m.drop_capabilities(copy.deepcopy(once), inj) == once
+    assert m.drop_capabilities(copy.deepcopy(spec), INJ) == spec  # allow_chroot: kept

@@ -1,8 +1,9 @@
 """The tenant, root in a container hami-runtime made (with the capabilities Docker
 and containerd give by default), tries to lift its slice or reach a neighbour's from inside: through the env, the
-region dir it can write, the limits it can read. Every try leaves the slice as it
-was or makes its own CUDA calls fail (never unlimited), and the host tools never
-follow what it planted."""
+region dir it can write, the limits it can read, by renaming the preload or libvgpu's
+files off their paths, by a chroot. Every try leaves the slice as it was or makes
+its own CUDA calls fail (never unlimited), and the host tools never follow what it
+planted."""
 import json
 import re
 
@@ -16,7 +17,7 @@ from .node import CUDA_ALLOC
 pytestmark = pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")
 
 SLICE = {"hami.io/gpumem": "1024"}
-VGPU = "/usr/local/vgpu"
+VGPU = "/.hami"
 REGION = f"{VGPU}/shared/vgpu.region"
 LIFT = "CUDA_DEVICE_MEMORY_LIMIT=8g CUDA_DEVICE_MEMORY_LIMIT_0=8000m"
 # cuda_alloc's answers: a context takes 300 MiB of the 1024 on the simulated card
@@ -42,9 +43,9 @@ TRIES = {
 }
 
 
-def tenant_bundle(node, cid, annotations, script):
+def tenant_bundle(node, cid, annotations, script, rootfs=None):
     """A bundle whose process is root with the engines' default capabilities."""
-    bundle = node.bundle(cid, annotations, args=("sh", "-c", script))
+    bundle = node.bundle(cid, annotations, args=("sh", "-c", script), rootfs=rootfs)
     spec = json.loads((bundle / "config.json").read_text())
     spec["process"]["capabilities"] = {kind: list(DEFAULT_CAPS)
                                        for kind in ("bounding", "effective", "permitted")}
@@ -61,6 +62,56 @@ def test_a_try_from_inside_never_lifts_the_slice(node, tries):
     assert got == expected, proc.stdout + proc.stderr
     if expected == REFUSED:  # one line says why
         assert len([line for line in proc.stderr.splitlines() if line.startswith("[hami]")]) == 1, proc.stderr
+
+
+BUSY = "Device or resource busy"  # EBUSY: a mount point is not renamed or removed
+# a tree of the container's own files (hard links; the driver, a mount, copied) without
+# /etc/ld.so.preload: chroot into it and nothing preloads libvgpu
+TREE = ("t=/tmp/t; mkdir -p $t/bin $t/lib/x86_64-linux-gnu $t/lib64 $t/run/hami-sim $t/etc $t/tmp && "
+        "ln /bin/busybox /bin/cuda_alloc $t/bin/ && ln -s busybox $t/bin/sh && "
+        "ln /lib/x86_64-linux-gnu/libc.so.6 $t/lib/x86_64-linux-gnu/ && ln /lib64/ld-linux-x86-64.so.2 $t/lib64/ && "
+        "cp /lib/libcuda.so.1 /lib/libnvidia-ml.so.1 $t/lib/ && cp -a /run/hami-sim/. $t/run/hami-sim/")
+# (what the tenant runs, what it is told on stderr, or None where the rename works
+# and the slice does not depend on what it moved); cuda_alloc then runs as a new
+# process would, in the same container
+OFF_THE_PATH = {
+    "mv /etc": ("mv /etc /etc.x && mkdir /etc", f"mv: can't rename '/etc': {BUSY}"),
+    "rm -rf /etc": ("rm -rf /etc", f"rm: can't remove '/etc/ld.so.preload': {BUSY}"),
+    "mv /usr/local": ("mv /usr/local /usr/l && test -f /usr/l/vgpu/libvgpu.so", None),
+    "mv /usr": ("mv /usr /usr.x && mkdir -p /usr/local/vgpu", None),
+    "rename /.hami": ("mv /.hami /h && mkdir /.hami", f"mv: can't rename '/.hami': {BUSY}"),
+    "rename libvgpu": ("mv /.hami/libvgpu.so /.hami/l", "mv: can't rename '/.hami/libvgpu.so': Read-only file system"),
+    "mv /etc/ld.so.preload": ("mv /etc/ld.so.preload /etc/p", f"mv: can't rename '/etc/ld.so.preload': {BUSY}"),
+    "mv /etc/ld.so.preload elsewhere": ("mv /etc/ld.so.preload /tmp/p",
+                                        f"mv: can't remove '/etc/ld.so.preload': {BUSY}"),
+    "rm /etc/ld.so.preload": ("rm -f /etc/ld.so.preload", f"rm: can't remove '/etc/ld.so.preload': {BUSY}"),
+    "chroot into a hard-linked tree": (f"{TREE} && chroot /tmp/t /bin/cuda_alloc 600 600",
+                                       "chroot: can't change root directory to '/tmp/t': Operation not permitted"),
+}
+
+
+@pytest.mark.parametrize("tries", OFF_THE_PATH.values(), ids=OFF_THE_PATH.keys())
+def test_the_preload_and_libvgpu_stay_on_their_paths(node, tries):
+    """In a rootfs of its own (a rename that works changes it), the tenant tries to
+    take /etc/ld.so.preload or libvgpu's files off the paths the loader and libvgpu
+    use: the kernel refuses with the reason shown, or what moved is nothing the
+    slice needs; the next process is held to the slice."""
+    first, reason = tries
+    bundle = tenant_bundle(node, "t", SLICE, f"{first}; cuda_alloc 600 600", node.private_rootfs("t"))
+    proc = node.runtime("run", "--bundle", str(bundle), "t")
+    got = [line for line in proc.stdout.splitlines() if line.startswith(("alloc ", "init "))]
+    assert got == HELD, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == ([reason] if reason else []), proc.stderr
+
+
+def test_allow_chroot_keeps_it_and_the_tree_runs_unlimited(node):
+    """What allow_chroot = true opens: the same tree, chrooted into, loads no libvgpu."""
+    node.write_config(allow_chroot=True)
+    bundle = tenant_bundle(node, "t", SLICE, f"{TREE} && chroot /tmp/t /bin/cuda_alloc 600 600",
+                           node.private_rootfs("t"))
+    proc = node.runtime("run", "--bundle", str(bundle), "t")
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.startswith("alloc ")] == ["alloc 600 0"] * 2
 
 
 def test_the_sm_share_is_not_lifted_by_the_env(node):
