@@ -7,6 +7,9 @@
  * long, holding all of it; a refusal is retried every 20 ms (a live resize lets
  * it get further). What it holds shows in the container's region.
  *
+ * An argument `@<path>` waits (at most 20 s) until <path> exists, holding what was
+ * allocated so far, so that a test can act between two allocations.
+ *
  * `cuda_alloc spin <count> <us>`: launches <count> kernels of <us> microseconds
  * each (the simulated driver's test kernel `spin`), waits for them and prints
  * "spin <seconds>": how long the work took under the container's SM share.
@@ -16,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_api.h"
 
@@ -71,6 +75,13 @@ int main(int argc, char **argv)
         return 0;
     }
     for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '@') {
+            fflush(stdout);                      /* what it holds is said before it waits */
+            struct timespec pause = {0, 20000000};
+            for (int tries = 0; tries < 1000 && access(argv[i] + 1, F_OK) != 0; tries++)
+                nanosleep(&pause, NULL);
+            continue;
+        }
         CUdeviceptr ptr = 0;
         size_t mib = strtoull(argv[i], NULL, 10);
         printf("alloc %zu %d\n", mib, (int)cuMemAlloc_v2(&ptr, mib << 20));
