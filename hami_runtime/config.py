@@ -16,7 +16,7 @@ import time
 from . import config_cache
 from .errors import HamiError
 
-DEFAULT_PATH = "/etc/hami/config.toml"
+DEFAULT_PATH = "/etc/hami/config.toml"  # make install writes its SYSCONFDIR's here
 MODEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config_model.py")
 
 

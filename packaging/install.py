@@ -22,6 +22,10 @@ every installed file names PREFIX, so a DESTDIR tree works once copied there):
                           where no program of that name is on PATH (not in a .deb)
   SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there
 
+The installed runtime, launcher, hook and hamictl read SYSCONFDIR/hami/config.toml
+when HAMI_CONFIG is unset (the launcher is built with it, config.py's
+DEFAULT_PATH is written with it).
+
 A re-install builds the new environment beside the old one and swaps them, and
 replaces files by rename: a running container keeps the libvgpu.so it mapped.
 """
@@ -51,6 +55,8 @@ LIB_ENTRIES = ("venv", "hami-runtime", "libvgpu.so")  # under <prefix>/lib/hami
 LAUNCHER_LINK = "../lib/hami/hami-runtime"  # bin/hami-runtime, relative: DESTDIR trees work
 # paths end up in C string literals, a Python literal and sed-free rewrites: keep them plain
 SAFE_PATH = re.compile(r"/[A-Za-z0-9._+@/-]*")
+# config.py's default config, which an install sets to its SYSCONFDIR's
+DEFAULT_PATH_LINE = re.compile(r'^DEFAULT_PATH = "[^"\n]*"', re.M)
 PROBE = ("import os, platform, sys; print(os.path.realpath(sys.executable)); "
          "print('%d.%d' % sys.version_info[:2]); print(sys.implementation.cache_tag); "
          "print(platform.machine())")
@@ -191,6 +197,7 @@ def make_environment(layout: Layout, interp: Interpreter, house: Path, dist: Pat
     (stage / "share" / "hami").mkdir(parents=True)
     shutil.copyfile(REGION_HEADER, stage / "share" / "hami" / "region.h")
     relocate(stage, str(stage), layout.venv)
+    bake_config_path(stage / relative_site, layout.config)
     # byte code now, naming the final paths (tracebacks), so that nothing is
     # written under the install when it runs
     run([python, "-I", "-m", "compileall", "-q", "-j0", "-d", f"{layout.venv}/{relative_site}",
@@ -198,11 +205,23 @@ def make_environment(layout: Layout, interp: Interpreter, house: Path, dist: Pat
     return stage, relative_site
 
 
+def bake_config_path(site: Path, config: str) -> None:
+    """The installed package reads this install's config (SYSCONFDIR's) when
+    HAMI_CONFIG is unset: its config.DEFAULT_PATH line says so."""
+    module = site / "hami_runtime" / "config.py"
+    text = module.read_text()
+    baked, count = DEFAULT_PATH_LINE.subn(f'DEFAULT_PATH = "{config}"', text)
+    if count != 1:
+        raise InstallError("config path", str(module), f"has {count} DEFAULT_PATH lines, not one")
+    module.write_text(baked)
+
+
 def build_launcher(layout: Layout, relative_site: str, cc: str, out: Path) -> Path:
     """The launcher bound to the installed environment: its python, and its
     site-packages put on the path so that Python starts without site (-S)."""
     run(shlex.split(cc) + [f'-DHAMI_PYTHON="{layout.venv}/bin/python3"',
-                           f'-DHAMI_PYTHONPATH="{layout.venv}/{relative_site}"', "-o", out], cwd=ROOT)
+                           f'-DHAMI_PYTHONPATH="{layout.venv}/{relative_site}"',
+                           f'-DHAMI_CONFIG_FILE="{layout.config}"', "-o", out], cwd=ROOT)
     return out
 
 
@@ -258,6 +277,9 @@ def install(layout: Layout, interp: Interpreter, cc: str, build: Path) -> None:
         replace(config, lambda p: shutil.copyfile(CONFIG_EXAMPLE, p), 0o644)
     print(f"install: hami-runtime {version()} in {layout.lib}, Python {interp.version} "
           f"({interp.path}); engines run {layout.bin}/hami-runtime")
+    print(f"install: the runtime, hami-hook and hamictl read {layout.config} "
+          "(HAMI_CONFIG, where set, names another)")
+    print(f"install: check the node with {layout.bin}/hamictl doctor")
 
 
 def install_docker_gpu_hook(layout: Layout, target: Path) -> None:

@@ -1,5 +1,5 @@
 /*
- * The node config (HAMI_CONFIG, else /etc/hami/config.toml), as far as the
+ * The node config (HAMI_CONFIG, else the install's, /etc/hami/config.toml), as far as the
  * launcher reads it: top-level `runtime` (a string or a one-line array of
  * strings) and `state_dir` (a string), each an absolute path without escapes,
  * before the first table. Anything else there is "not understood", and the
@@ -12,7 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_CONFIG "/etc/hami/config.toml"
+/* make install builds the launcher with its SYSCONFDIR's config (packaging/install.py) */
+#ifndef HAMI_CONFIG_FILE
+#define HAMI_CONFIG_FILE "/etc/hami/config.toml"
+#endif
+#define DEFAULT_CONFIG HAMI_CONFIG_FILE
 #define MAX_CONFIG (256 * 1024)
 
 /* The config's text: 0 read, 1 no file at the default path (defaults), -1 unreadable. */

@@ -68,7 +68,7 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name=DISTRIBUTION, prog_name="hamictl",
                       message="%(prog)s version %(version)s")
 @click.option("--config", "config_path", envvar="HAMI_CONFIG", default=None,
-              help="config file (default $HAMI_CONFIG or /etc/hami/config.toml)")
+              help=f"config file (default $HAMI_CONFIG or {config_mod.DEFAULT_PATH})")
 @click.pass_context
 def cli(ctx, config_path):
     """Inspect GPU sharing on this node."""

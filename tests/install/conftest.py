@@ -45,6 +45,7 @@ class Install:
     def make(self, target="install", wrap=()):
         proc = make(target, f"PREFIX={self.prefix}", f"SYSCONFDIR={self.sysconfdir}", wrap=wrap)
         assert proc.returncode == 0, proc.stdout[-4000:]
+        self.output = proc.stdout
         return proc.stdout
 
     def site_packages(self) -> Path:

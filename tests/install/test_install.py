@@ -184,3 +184,37 @@ def test_installed_libvgpu_exports_what_the_built_one_does(installed):
     """Stripped of its debug sections (they name the build tree), the library
     containers get still exports every entry point of the build's."""
     assert dynamic_symbols(installed.lib / "libvgpu.so") == dynamic_symbols(LIBVGPU)
+
+
+@pytest.mark.skipif(not CUDA_ALLOC.exists(), reason="make sim builds the test program")
+def test_the_install_reads_its_own_config(installed, tmp_path, rootfs, spec_template, sim_copy):
+    """SYSCONFDIR is baked in: with HAMI_CONFIG unset, hamictl, the launcher and
+    the runtime behind it read <SYSCONFDIR>/hami/config.toml; the install's last
+    lines say which config is read and how to check the node."""
+    assert installed.output.rstrip().splitlines()[-2:] == [
+        f"install: the runtime, hami-hook and hamictl read {installed.config} "
+        "(HAMI_CONFIG, where set, names another)",
+        f"install: check the node with {installed.bin}/hamictl doctor"]
+    node = installed_node(installed, tmp_path, rootfs, spec_template, sim_copy)
+    shipped = installed.config.read_bytes()
+    installed.config.write_bytes(node.config.read_bytes())  # the simulated GPU's
+    node.config.unlink()
+    no_config = {"HAMI_SIM_STATE": str(node.sim_state / "gpu.state")}
+    try:
+        gpus = subprocess.run([installed.bin / "hamictl", "gpus", "--json"], env=no_config,
+                              capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+        assert gpus.returncode == 0 and len(json.loads(gpus.stdout)) == 2, gpus.stderr
+        health = subprocess.run([installed.bin / "hamictl", "doctor"], env=no_config,
+                                capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+        assert health.returncode == 0 and f"config: {installed.config}\n" in health.stdout, health.stdout
+        bundle = node.bundle("own", GPU)
+        with open(tmp_path / "err", "wb") as err:  # a file: the container inherits it
+            proc = subprocess.run(node.runtime_argv("run", "--detach", "--bundle", str(bundle), "own",
+                                                    cmd=node.runtime_cmd), env=no_config, cwd="/",
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                  timeout=TIMEOUT)
+        assert proc.returncode == 0, (tmp_path / "err").read_text()
+        assert [e["id"] for e in node.allocations().values()] == ["own"]  # the config's state dir
+    finally:
+        node.cleanup()
+        installed.config.write_bytes(shipped)

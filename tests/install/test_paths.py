@@ -55,3 +55,21 @@ def test_example_config_lines_are_the_defaults():
     document = tomllib.loads("\n".join(lines))
     assert config.Config(**document) == config.Config()
     assert set(document) == set(NodeConfig.model_fields) - {"extra_env", "extra_mounts", "hook_command"}
+
+
+def test_an_install_can_write_its_config_path_into_config_py(tmp_path):
+    """make install writes SYSCONFDIR's config into config.py's one DEFAULT_PATH
+    line (packaging/install.py), so that line stays one plain string."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("install_py", ROOT / "packaging" / "install.py")
+    install_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(install_py)
+    package = tmp_path / "hami_runtime"
+    package.mkdir()
+    source = (ROOT / "hami_runtime" / "config.py").read_text()
+    assert len(install_py.DEFAULT_PATH_LINE.findall(source)) == 1
+    assert f'DEFAULT_PATH = "{config.DEFAULT_PATH}"' in source
+    (package / "config.py").write_text(source)
+    install_py.bake_config_path(tmp_path, "/opt/site/etc/hami/config.toml")
+    baked = (package / "config.py").read_text()
+    assert baked.replace('"/opt/site/etc/hami/config.toml"', f'"{config.DEFAULT_PATH}"') == source
