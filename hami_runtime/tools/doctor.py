@@ -261,12 +261,13 @@ def doctor_command(ctx, repair, as_json):
             "healthy": not report.faults, "faults": report.faults, "notes": report.notes,
             "checks": dict(report.checks), "gpus": report.gpus, "allocations": report.allocations}))
     else:
+        # faults first: a probe that keeps the first line (node-problem-detector) shows one
+        for line in report.faults:
+            click.echo(f"fault: {line}")
         state = [found for name, found in report.checks if name == "state"]
         for name, found in report.checks:
             if name != "state":
                 click.echo(f"{name}: {found}")
-        for line in report.faults:
-            click.echo(f"fault: {line}")
         for line in report.notes:
             click.echo(f"note: {line}")
         for line in state:  # last: what most runs end with

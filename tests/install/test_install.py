@@ -67,7 +67,9 @@ def test_layout_names_the_prefix_and_nothing_of_the_build(installed):
 @pytest.mark.parametrize("entry,args,expected", [
     ("hamictl", ("--help",), "Usage: hamictl"),
     ("hami-hook", (), "usage: hami-hook"),
-    ("hami-runtime", ("--version",), "runc version"),  # passthrough: the launcher execs runc
+    ("hami-runtime", ("--version",), "runc version"),  # runc's lines after ours
+    ("hami-runtime", ("--version",), "hami-runtime version"),
+    ("hamictl", ("--version",), "hamictl version"),
     # no NVIDIA toolkit here: make install's stand-in, which refuses a --gpus container under runc
     ("nvidia-container-runtime-hook", ("prestart",), "this node's GPUs are served by hami-runtime"),
 ])

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from hami_runtime.lifecycle import state_layout, store
+from tests.conftest import ROOT
 
 GPU = {"hami.io/gpumem": "1000"}
 GPU0 = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"  # the simulator's first
@@ -110,3 +111,18 @@ def test_repair_leaves_a_healthy_node(node):
     assert repaired.returncode == 0 and "moved aside" in repaired.stdout
     proc, shown = doctor(node)
     assert proc.returncode == 0 and shown["healthy"] is True and shown["allocations"] == 0
+
+
+def test_the_probe_example_runs_doctor(node):
+    """examples/node-problem-detector: its rule runs `hamictl doctor`, whose exit
+    status is the plugin protocol's (0 healthy, 1 a problem) and whose first
+    line, all the probe keeps, names the fault."""
+    example = json.loads((ROOT / "examples" / "node-problem-detector" / "hami-doctor.json").read_text())
+    [rule] = example["rules"]
+    assert rule["path"].endswith("/hamictl") and rule["args"] == ["doctor"]
+    keep = example["pluginConfig"]["max_output_length"]
+    assert node.hamictl(*rule["args"]).returncode == 0
+    node.write_config(libvgpu="/nonexistent/libvgpu.so")
+    proc = node.hamictl(*rule["args"])
+    assert proc.returncode == 1
+    assert proc.stdout[:keep].startswith("fault: config libvgpu='/nonexistent/libvgpu.so': file not found")
