@@ -21,7 +21,7 @@ LAUNCHER = BUILD / "hami-runtime"  # the C front (make build); falls back to RUN
 HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl import main; sys.exit(main())"]
 APPLETS = ("sh", "ls", "cat", "env", "sleep", "grep", "test", "echo", "true", "stat", "readlink",
            "dd", "rm", "mv", "ln", "cp", "truncate", "mount", "umount", "mkdir", "chroot", "cmp", "id",
-           "sed", "touch", "whoami", "cut", "dpkg", "setpriv", "head", "wc", "find", "mknod", "unshare")
+           "sed", "touch", "whoami", "cut", "dpkg", "su", "head", "wc", "find", "mknod", "unshare")
 TIMEOUT = 60
 SIM_CONF = "sim.conf"  # a node's simulated-driver config, beside its state file
 
