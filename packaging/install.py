@@ -22,7 +22,7 @@ every installed file names PREFIX, so a DESTDIR tree works once copied there):
                           where no program of that name is on PATH (not in a .deb)
   SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there
 
-The installed runtime, launcher, hook and hamictl read SYSCONFDIR/hami/config.toml
+The installed runtime, launcher and hamictl read SYSCONFDIR/hami/config.toml
 when HAMI_CONFIG is unset (the launcher is built with it, config.py's
 DEFAULT_PATH is written with it).
 
@@ -277,7 +277,7 @@ def install(layout: Layout, interp: Interpreter, cc: str, build: Path) -> None:
         replace(config, lambda p: shutil.copyfile(CONFIG_EXAMPLE, p), 0o644)
     print(f"install: hami-runtime {version()} in {layout.lib}, Python {interp.version} "
           f"({interp.path}); engines run {layout.bin}/hami-runtime")
-    print(f"install: the runtime, hami-hook and hamictl read {layout.config} "
+    print(f"install: hami-runtime and hamictl read {layout.config} "
           "(HAMI_CONFIG, where set, names another)")
     print(f"install: check the node with {layout.bin}/hamictl doctor")
 

@@ -194,7 +194,7 @@ def test_the_install_reads_its_own_config(installed, tmp_path, rootfs, spec_temp
     the runtime behind it read <SYSCONFDIR>/hami/config.toml; the install's last
     lines say which config is read and how to check the node."""
     assert installed.output.rstrip().splitlines()[-2:] == [
-        f"install: the runtime, hami-hook and hamictl read {installed.config} "
+        f"install: hami-runtime and hamictl read {installed.config} "
         "(HAMI_CONFIG, where set, names another)",
         f"install: check the node with {installed.bin}/hamictl doctor"]
     node = installed_node(installed, tmp_path, rootfs, spec_template, sim_copy)
