@@ -41,7 +41,7 @@ def main(argv=None) -> int:
             return delete(cfg, inv, runtime)
         os.execv(runtime, [runtime] + argv)
     except HamiError as exc:
-        if exc.field.startswith("config "):
+        if exc.field.startswith("config ") or exc.field == "NVML":
             from .config_origin import explain
             exc = explain(exc, cfg.path if cfg is not None else None)
         return _refused(exc.line(), inv, cfg)

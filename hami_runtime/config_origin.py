@@ -31,11 +31,20 @@ def origin(key: str, path: str) -> str:
     return f"set in {path}" if key in raw else f"the default: {path} does not set {key}"
 
 
+# fields that name no config key but whose value is one's
+KEY_OF_FIELD = {"NVML": "nvml_library"}
+
+
 def explain(exc: HamiError, path: str | None) -> HamiError:
     """The refusal with where its config value came from; unchanged for a
-    field that is no config key, or where the config was not read (the error
-    reading it names the file)."""
-    if path is None or not exc.field.startswith(PREFIX):
+    field that is no config key, where the config was not read (the error
+    reading it names the file), or where the line says already."""
+    if path is None or "(in " in exc.reason:
         return exc
-    key = re.split(r"[.\[]", exc.field[len(PREFIX):], maxsplit=1)[0]
-    return HamiError(exc.field, exc.value, f"{exc.reason} ({origin(key, path)})")
+    if exc.field.startswith(PREFIX):
+        key = re.split(r"[.\[]", exc.field[len(PREFIX):], maxsplit=1)[0]
+        return HamiError(exc.field, exc.value, f"{exc.reason} ({origin(key, path)})")
+    if exc.field in KEY_OF_FIELD:
+        key = KEY_OF_FIELD[exc.field]
+        return HamiError(exc.field, exc.value, f"{exc.reason} (config {key}: {origin(key, path)})")
+    return exc

@@ -73,6 +73,17 @@ class _LazyGroup(click.Group):
 def cli(ctx, config_path):
     """Inspect GPU sharing on this node."""
     ctx.obj = {"config_path": config_path}
+    CHOSEN["config_path"] = config_path
+
+
+CHOSEN = {"config_path": None}  # what --config or HAMI_CONFIG named, for a refusal's line
+
+
+def config_read() -> str:
+    """The config file this run read ("" where none was: the defaults)."""
+    import os
+    chosen = CHOSEN["config_path"] or config_mod.config_path()
+    return chosen if chosen != config_mod.DEFAULT_PATH or os.path.exists(chosen) else ""
 
 
 @cli.command()
@@ -143,7 +154,8 @@ def main(argv=None) -> int:
         if isinstance(rc, int) and rc:  # ctx.exit(n) comes back as the return value
             return rc
     except HamiError as exc:
-        click.echo(f"hamictl: {exc.line()}", err=True)
+        from ..config_origin import explain
+        click.echo(f"hamictl: {explain(exc, config_read()).line()}", err=True)
         return 1
     except click.exceptions.Exit as exc:
         return exc.exit_code

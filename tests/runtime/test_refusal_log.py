@@ -2,10 +2,13 @@
 warning, with the container id, the pod's names where the spec has them and the
 same one line the engine gets; a refusal about a config value says where the
 value came from."""
+import subprocess
+
 import pytest
 
 from hami_runtime import config, config_origin
 from hami_runtime.errors import HamiError
+from .node import HAMICTL, TIMEOUT
 
 POD = {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "5b1c0d2a9b7e4c11",
        "io.kubernetes.cri.container-name": "trainer", "io.kubernetes.cri.sandbox-name": "llm-0",
@@ -80,3 +83,20 @@ def test_explain_leaves_other_fields_and_unread_configs_alone():
     assert config_origin.explain(exc, None) is exc
     assert config_origin.explain(HamiError("config extra_mounts[0].source", "a", "bad"), "").reason \
         .startswith("bad (the default: no config file")
+    assert config_origin.explain(HamiError("NVML", "libnvidia-ml.so.1", "init failed"), "").reason \
+        .startswith("init failed (config nvml_library: the default: no config file")
+
+
+def test_nvml_not_found_names_the_config_read(node):
+    """hamictl on a node whose config names another NVML than the loader finds:
+    the line says which config was read and that nvml_library is its default."""
+    node.write_config()
+    text = "".join(x for x in node.config.read_text().splitlines(keepends=True)
+                   if not x.startswith("nvml_library ="))
+    node.config.write_text(text)
+    env = {k: v for k, v in node.env.items() if k != "LD_LIBRARY_PATH"}
+    proc = subprocess.run(HAMICTL + ["gpus"], capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    if proc.returncode == 0:
+        pytest.skip("the loader finds an NVML here")
+    assert proc.stderr.startswith("hamictl: NVML=") and proc.stderr.endswith(
+        f"(config nvml_library: the default: {node.config} does not set nvml_library)\n"), proc.stderr
