@@ -286,8 +286,18 @@ static nvmlReturn_t memory_of_handle(nvmlDevice_t device, uint64_t *total, uint6
     return NVML_SUCCESS;
 }
 
+/* `nvml_memory_info_us`: the memory query of a driver that is slow or hangs. */
+static void memory_info_delay(void)
+{
+    uint64_t us = sim_config()->nvml_memory_info_us;
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    while (us && nanosleep(&ts, &ts) != 0)
+        ;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
+    memory_info_delay();
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t total, used;
@@ -302,6 +312,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
+    memory_info_delay();
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)

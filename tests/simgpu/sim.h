@@ -54,6 +54,7 @@ struct sim_config {
     int stale_seconds;                   /* another pid namespace's process: dead after this long without a heartbeat */
     uint64_t kernel_us;                  /* the run time of a kernel of a real image (no duration parameter) */
     uint64_t context_us;                 /* how long making a context takes (its memory is taken first) */
+    uint64_t nvml_memory_info_us;        /* how long nvmlDeviceGetMemoryInfo takes (a slow or hung driver) */
     int self_calls;                      /* 1: entry points call each other through their exported names */
     uint64_t host_memory_mib;            /* host memory managed allocations may take, machine-wide */
     int brand;                           /* nvmlDeviceGetBrand's nvmlBrandType_t */
