@@ -8,6 +8,7 @@ import pytest
 from pytest_docker.plugin import get_docker_services
 
 from tests.conftest import ROOT
+from tests.engines import layout
 from tests.engines.conftest import IMAGE, PROBE, Daemon, filled_to_the_limit, need, run, wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -134,4 +135,14 @@ def test_gpus_flag_under_runc_is_refused_by_our_hook(docker, hami):
     assert result.returncode != 0
     assert "this node's GPUs are served by hami-runtime: run the container with --runtime hami" \
         in result.stderr, result.stderr
+    hami.assert_nothing_allocated()
+
+
+def test_the_image_as_under_runc_and_the_slice_held(docker, hami):
+    """The image's /etc as dockerd made it, a user added; renaming /etc, /.hami or the
+    preload and chroot are refused, and the slice holds (tests/engines/layout.py)."""
+    gpu = docker.gpu_run("--rm", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e", "HAMI_GPUMEM=1024", IMAGE,
+                         "/bin/sh", "-c", layout.SCRIPT)
+    plain = docker.gpu_run("--rm", IMAGE, "/bin/sh", "-c", layout.IMAGE_WORK)
+    layout.check(gpu, plain)
     hami.assert_nothing_allocated()

@@ -7,6 +7,7 @@ import urllib.request
 import pytest
 
 from hami_runtime.tools import metrics
+from tests.engines import layout
 from tests.engines.conftest import (IMAGE, MiB, PROBE, VENV_BIN, Daemon, filled_to_the_limit, make_hami,
                                     need, run, wait_for)
 
@@ -131,3 +132,12 @@ def test_mig_instances_by_env_and_cdi_annotation(podman, tmp_path):
     assert refused.returncode != 0 and "GPU 1 is in MIG mode: name one of its MIG instances (1:0, 1:1)" in \
         refused.stderr, refused.stderr
     mig.assert_nothing_allocated()
+
+
+def test_the_image_as_under_runc_and_the_slice_held(podman, hami):
+    """The image's /etc as podman made it, a user added; renaming /etc, /.hami or the
+    preload and chroot are refused, and the slice holds (tests/engines/layout.py)."""
+    gpu = podman.gpu_run("--rm", "--annotation", "hami.io/gpumem=1024", IMAGE, "/bin/sh", "-c", layout.SCRIPT)
+    plain = podman.gpu_run("--rm", IMAGE, "/bin/sh", "-c", layout.IMAGE_WORK)
+    layout.check(gpu, plain)
+    hami.assert_nothing_allocated()
