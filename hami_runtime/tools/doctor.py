@@ -26,9 +26,9 @@ from typing import List, NamedTuple
 import click
 
 from ..errors import HamiError
-from . import json_output
 from ..files import read_state_file
 from ..lifecycle import allocator, state_layout, store
+from . import json_output
 
 
 def _aside(path: str) -> str:
