@@ -228,6 +228,22 @@ static const char *find_runtime(void)
     return NULL; /* no runtime: Python reports it */
 }
 
+/* Closes every fd from `low` up (those /proc/self/fd lists). */
+static void close_from(int low)
+{
+    DIR *dir = opendir("/proc/self/fd");
+    if (!dir)
+        return;
+    int own = dirfd(dir);
+    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end == '\0' && e->d_name[0] != '\0' && fd >= low && fd != own)
+            close((int)fd);
+    }
+    closedir(dir);
+}
+
 /* Python with `flag` set in its env, detached: the caller does not wait for
  * it, and it holds none of the caller's pipes (stdio on /dev/null); with
  * `niceness`, at that nice value. */
@@ -247,6 +263,7 @@ static void python_detached(char **argv, const char *flag, int niceness)
             if (null > 2)
                 close(null);
         }
+        close_from(3); /* the engine's pipes and preserved fds are not its to hold */
         setenv(flag, "1", 1);
         if (niceness)
             setpriority(PRIO_PROCESS, 0, niceness); /* failing that, at the caller's */

@@ -4,6 +4,8 @@ read exactly as Python's json does, goes to the Python runtime. Through the
 real launcher with real runc: the node's log (level debug) gets a line from
 every create Python handles, and Python's refusals start "hami-runtime:"."""
 import json
+import os
+import subprocess
 import time
 
 import pytest
@@ -265,3 +267,34 @@ def test_a_fresh_state_dir_is_warmed_by_a_create_without_request(node):
     assert node.create("w3", bundle, cmd=[str(LAUNCHER)]).returncode == 0
     time.sleep(1.0)
     assert not (node.state_dir / "cache" / "config.json").exists()  # once per state dir
+
+
+def holders(inode: str) -> set:
+    """The pids (but ours) with an fd on this pipe."""
+    found = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == inode for fd in os.listdir(f"/proc/{pid}/fd")):
+                found.add(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_warm_up_holds_none_of_the_engines_fds(node):
+    """A pipe the engine passes the create (here as fd 3) is not kept open by
+    the detached warm-up: the engine sees its end as soon as runc is done."""
+    settled(node)
+    bundle = node.bundle("fds", args=("true",))
+    read_end, write_end = os.pipe()
+    inode = os.readlink(f"/proc/self/fd/{write_end}")
+    try:
+        proc = subprocess.run([str(LAUNCHER), "--root", str(node.runc_root), "create", "--bundle", str(bundle),
+                               "fds"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=node.env, pass_fds=(write_end,), timeout=60)
+        assert proc.returncode == 0
+        assert holders(inode) == set()
+        assert warmed(node)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
