@@ -101,15 +101,18 @@ def test_an_ordinary_image_behaves_as_under_runc(node, readonly):
         assert "Read-only file system" in gpu.stderr
 
 
-def test_an_image_without_etc_gets_an_empty_one(node):
+@pytest.mark.parametrize("readonly", [False, True], ids=["writable root", "read-only root"])
+def test_an_image_without_etc_gets_an_empty_one(node, readonly):
     """runc would make the directory in the rootfs; a tmpfs stands there, a mount
-    point as /etc is in other images."""
+    point as /etc is in other images, writable as the root is."""
     root = node.private_rootfs("bare")
     shutil.rmtree(root / "etc")
-    bundle = node.bundle("bare", SLICE, rootfs=root, args=(
-        "sh", "-c", "ls -A /etc; grep ' /etc ' /proc/self/mountinfo | cut -d' ' -f9; mv /etc /e; cuda_alloc 600 600"))
+    bundle = node.bundle("bare", SLICE, rootfs=root, readonly=readonly, args=(
+        "sh", "-c", "ls -A /etc; grep ' /etc ' /proc/self/mountinfo | cut -d' ' -f9; touch /etc/x && echo written; "
+        "mv /etc /e; cuda_alloc 600 600"))
     proc = node.runtime("run", "--bundle", str(bundle), "bare")
     assert proc.stdout.splitlines()[:2] == ["ld.so.preload", "tmpfs"], proc.stdout + proc.stderr
+    assert ("written" in proc.stdout.splitlines()) == (not readonly), proc.stdout + proc.stderr
     assert [line for line in proc.stdout.splitlines() if line.startswith("alloc ")] == HELD
     assert "can't rename '/etc'" in proc.stderr
 
