@@ -185,7 +185,8 @@ def test_gpu_create_with_caches_loads_no_heavy_package(node):
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-@pytest.mark.parametrize("args", [["--version"], ["list"], ["state", "nope"], ["--log-format=json", "list"],
+# --version prints ours before runc's lines (test_version.py)
+@pytest.mark.parametrize("args", [["list"], ["state", "nope"], ["--log-format=json", "list"],
                                   ["kill", "nope"], ["features"], ["--unknown-flag", "list"]])
 def test_passthrough_matches_runc(node, args, entry):
     ours = node.runtime(*args, cmd=entry)
