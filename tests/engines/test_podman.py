@@ -141,3 +141,18 @@ def test_the_image_as_under_runc_and_the_slice_held(podman, hami):
     plain = podman.gpu_run("--rm", IMAGE, "/bin/sh", "-c", layout.IMAGE_WORK)
     layout.check(gpu, plain)
     hami.assert_nothing_allocated()
+
+
+def test_a_read_only_root_stays_read_only(podman, hami):
+    """--read-only: /etc as read-only as without a GPU (its /etc/hosts as podman
+    mounts it), and still not renamed; the slice holds."""
+    script = "touch /etc/x; echo '10.1.1.1 db' >> /etc/hosts && echo HOSTS-WRITTEN; mv /etc /e; true"
+    gpu = podman.gpu_run("--rm", "--read-only", "--annotation", "hami.io/gpumem=1024", IMAGE, "/bin/sh", "-c",
+                         f"{script}; {PROBE} fill")
+    plain = podman.gpu_run("--rm", "--read-only", IMAGE, "/bin/sh", "-c", script)
+    assert gpu.returncode == 0 and plain.returncode == 0, gpu.stderr + plain.stderr
+    assert gpu.stderr == plain.stderr and "touch: /etc/x: Read-only file system" in gpu.stderr, gpu.stderr
+    assert "mv: can't rename '/etc': Read-only file system" in gpu.stderr.splitlines()
+    assert ("HOSTS-WRITTEN" in gpu.stdout) == ("HOSTS-WRITTEN" in plain.stdout)
+    filled_to_the_limit(gpu.stdout, 1024)
+    hami.assert_nothing_allocated()
