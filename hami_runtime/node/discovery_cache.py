@@ -180,6 +180,13 @@ def _gpus_from(value) -> list[GpuInfo] | None:
     return gpus
 
 
+def last_found(state_dir: str) -> list[GpuInfo]:
+    """The GPUs discovery last found, whatever the node shows now ([] when none
+    were kept): for a reader that must not wait on the driver to name them."""
+    cached = _read(os.path.join(state_dir, CACHE_DIR, GPUS_FILE))
+    return (_gpus_from(cached.get("value")) if cached else None) or []
+
+
 def gpus(cfg) -> list[GpuInfo]:
     """discovery.load_gpus, from the cache while its key holds."""
     cached = _read(_path(cfg, GPUS_FILE))

@@ -71,6 +71,11 @@ class ContainerView:
     devices: List[DeviceView] = field(default_factory=list)
     processes: List[ProcessView] = field(default_factory=list)
     error: str = ""  # why the region could not be read
+    # from the allocator record ("" where the engine did not say): node_view.container_meta
+    pod_namespace: str = ""
+    pod_name: str = ""
+    container_name: str = ""
+    request_source: str = ""
 
 
 def region_module():
@@ -112,21 +117,30 @@ def region_files(state_dir: str) -> Dict[str, str]:
     return found
 
 
-def runc_roots(state_dir: str) -> Dict[str, str]:
-    """allocation name -> runc root, as the allocator state says (read without its
-    lock: the file is replaced atomically); a root is taken only where it hashes
-    to the name's root key. {} when the state cannot be read."""
+def allocator_records(state_dir: str) -> Dict[str, dict]:
+    """allocation name -> its record as the allocator state has it, read without
+    its lock (the file is replaced atomically) and without its checks (each
+    field read is checked where it is used). {} when the state cannot be read."""
     from ..files import read_state_file
-    from ..lifecycle import state_layout, store
+    from ..lifecycle import store
     try:
         data = json.loads(read_state_file(os.path.join(state_dir, store.STATE_FILE),
                                           store.MAX_STATE_BYTES))
     except (OSError, ValueError, store.HamiError):
         return {}
     entries = data.get("allocations") if isinstance(data, dict) else None
+    return {name: entry for name, entry in (entries.items() if isinstance(entries, dict) else ())
+            if isinstance(entry, dict)}
+
+
+def runc_roots(state_dir: str, records: Optional[Dict[str, dict]] = None) -> Dict[str, str]:
+    """allocation name -> runc root, as the allocator state says; a root is taken
+    only where it hashes to the name's root key."""
+    from ..lifecycle import state_layout
+    records = allocator_records(state_dir) if records is None else records
     roots = {}
-    for name, entry in (entries.items() if isinstance(entries, dict) else ()):
-        root = entry.get("runc_root") if isinstance(entry, dict) else None
+    for name, entry in records.items():
+        root = entry.get("runc_root")
         if isinstance(root, str) and os.path.isabs(root) and \
                 split_name(name)[1] == state_layout.root_key(root):
             roots[name] = root
@@ -170,9 +184,17 @@ def read_container(state_dir: str, name: str, path: str, runc_root: str = "") ->
 
 
 def read_all(state_dir: str) -> List[ContainerView]:
+    from . import node_view
     files = region_files(state_dir)
-    roots = runc_roots(state_dir) if files else {}
-    return [read_container(state_dir, name, path, roots.get(name, "")) for name, path in files.items()]
+    records = allocator_records(state_dir) if files else {}
+    roots = runc_roots(state_dir, records)
+    views = []
+    for name, path in files.items():
+        view = read_container(state_dir, name, path, roots.get(name, ""))
+        for key, value in node_view.container_meta(records.get(name)).items():
+            setattr(view, key, value)
+        views.append(view)
+    return views
 
 
 def _pct(busy_now: int, busy_before: int, elapsed_ns: int) -> Optional[float]:
