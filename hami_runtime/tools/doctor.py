@@ -199,6 +199,22 @@ def allocations_held(state_dir: str) -> int:
         return stop.args[0]
 
 
+def check_log(cfg, faults: List[str], checks: List[tuple]) -> None:
+    """The runtime's log can be written (a log that cannot never fails a create,
+    so its refusals would go unseen)."""
+    from ..config_origin import explain
+    if not cfg.log_file:
+        checks.append(("log", "none (config log_file is empty)"))
+        return
+    target = cfg.log_file if os.path.lexists(cfg.log_file) else os.path.dirname(cfg.log_file)
+    if os.path.isdir(cfg.log_file) or not os.access(target, os.W_OK):
+        why = "is a directory" if os.path.isdir(cfg.log_file) else \
+            f"cannot be written ({target} {'is not writable' if os.path.exists(target) else 'does not exist'})"
+        faults.append(explain(HamiError("config log_file", cfg.log_file, why), cfg.path).line())
+        return
+    checks.append(("log", f"{cfg.log_file} ({cfg.log_level} and above)"))
+
+
 def check_gpus(cfg, faults: List[str], checks: List[tuple]) -> list:
     """This node's GPUs through NVML ([] and a fault where it cannot say)."""
     from ..config_origin import explain
@@ -234,6 +250,7 @@ def doctor(cfg, repair: bool) -> Report:
         checks.append(("libvgpu", cfg.libvgpu))
     else:
         faults.append(explain(HamiError("config libvgpu", cfg.libvgpu, "file not found"), cfg.path).line())
+    check_log(cfg, faults, checks)
     gpus = check_gpus(cfg, faults, checks)
     state, held = check_state(cfg, gpus, repair, faults, notes)
     if state:

@@ -83,6 +83,9 @@ FAULTS = [
     ("nvml-missing", {"nvml_library": "/nonexistent/libnvidia-ml.so.1"}, None,
      "GPUs: not read: config nvml_library='/nonexistent/libnvidia-ml.so.1': cannot load"),
     ("state-corrupt", {}, corrupt_state, "allocations.json: not JSON"),
+    ("log-unwritable", {"log_file": "/nonexistent/dir/hami.log"}, None,
+     "config log_file='/nonexistent/dir/hami.log': cannot be written (/nonexistent/dir does not exist) "
+     "(set in "),
 ]
 
 
