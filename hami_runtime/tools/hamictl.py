@@ -100,6 +100,8 @@ def gpus(ctx, as_json):
     used = allocator.usage(live.values())
     caps = {g.uuid: allocator.capacity(g, cfg.split_count, cfg.memory_scaling) for g in found}
     blocked = allocator.blocked(invalid, live.values(), found, caps)
+    from . import node_view
+    now = node_view.driver_columns(cfg, found, live, invalid)
     rows = []
     for gpu in found:
         cap = caps[gpu.uuid]
@@ -109,15 +111,27 @@ def gpus(ctx, as_json):
                      "memory_mib": gpu.memory_mib, "capacity_mib": cap.mem_mib,
                      "slots": cap.slots, "slots_used": u.slots,
                      "memory_allocated_mib": u.mem_mib, "cores_allocated": u.cores,
-                     "blocked": blocked.get(gpu.uuid, "")})
+                     "blocked": blocked.get(gpu.uuid, ""), **now.get(gpu.uuid, {})})
     if as_json:
         click.echo(json_output.dumps(rows))
         return
-    click.echo(_table(["INDEX", "UUID", "MODEL", "MEMORY", "SLOTS", "MEM ALLOC", "CORES ALLOC"], [
+    click.echo(_table(["INDEX", "UUID", "MODEL", "MEMORY", "SLOTS", "MEM ALLOC", "CORES ALLOC",
+                       "DRIVER USED", "OUTSIDE SLICES", "UTIL"], [
         [r["name"], r["uuid"], r["model"], f"{r['memory_mib']}MiB",
          f"{r['slots_used']}/{r['slots']}", f"{r['memory_allocated_mib']}/{r['capacity_mib']}MiB",
-         f"{r['cores_allocated']}%"] for r in rows]))
+         f"{r['cores_allocated']}%", node_view.or_unknown(r.get("driver_memory_used_mib"), "MiB"),
+         node_view.or_unknown(r.get("memory_outside_mib"), "MiB"),
+         node_view.or_unknown(r.get("utilization_pct"), "%")]
+        for r in rows]))
     for r in rows:
+        for h in r.get("containers", ()):
+            click.echo(f"GPU {r['name']}: {h['id'][:12]} {node_view.shown_name(h)} {h['memory_mib']}MiB "
+                       f"{h['cores']}% (request from {h['request_source'] or '?'})")
+        if r.get("outside_pids"):
+            click.echo(f"GPU {r['name']}: {r['memory_outside_mib']}MiB held outside every slice by "
+                       f"pid {', '.join(map(str, r['outside_pids']))}")
+        if not r.get("driver_read", True) and not r["parent"]:
+            click.echo(f"GPU {r['name']}: driver not read: {r['driver_error']}")
         if r["blocked"]:
             click.echo(f"GPU {r['name']} takes no new allocation: {r['blocked']}")
         if r["mig_mode"]:

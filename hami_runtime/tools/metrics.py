@@ -271,23 +271,6 @@ def serve(state_dir: str, host: str, port: int, node: Optional[NodeSource] = Non
     return server, thread
 
 
-def node_settings(state_dir: Optional[str]) -> dict:
-    """The config's values (hamictl --config, $HAMI_CONFIG, the default file), the
-    state dir --state-dir's where given."""
-    from .. import config
-    from ..errors import HamiError
-    ctx = click.get_current_context(silent=True)
-    root = ctx.find_root().obj if ctx else None
-    path = root.get("config_path") if isinstance(root, dict) else None
-    try:
-        values = node_view.settings(config.load(path))
-    except HamiError as exc:
-        raise click.ClickException(exc.line()) from None
-    if state_dir:
-        values["state_dir"] = state_dir
-    return values
-
-
 @click.command("metrics")
 @top.state_dir_option
 @click.option("--listen", default="127.0.0.1:9464", show_default=True, metavar="HOST:PORT",
@@ -306,7 +289,7 @@ def metrics_command(state_dir: Optional[str], listen: str, node_name: Optional[s
         host, port = parse_listen(listen)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = node_settings(state_dir)
+    settings = top.node_settings(state_dir)
     state_dir = settings["state_dir"]
     top.region_module()  # a missing region.h is reported now, not at every scrape
     node = NodeSource(settings, node_view.DriverReader(settings["nvml_library"], driver_timeout),

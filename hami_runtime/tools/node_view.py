@@ -71,6 +71,21 @@ def container_meta(entry) -> Dict[str, str]:
     return meta
 
 
+def shown_name(meta) -> str:
+    """<namespace>/<pod>/<container> of a pod's container, its own name outside a
+    pod, else '-' (meta: container_meta's keys, as a dict or attributes)."""
+    get = meta.get if isinstance(meta, dict) else lambda key: getattr(meta, key)
+    if get("pod_name"):
+        text = "/".join(x for x in (get("pod_namespace"), get("pod_name"), get("container_name")) if x)
+    else:
+        text = get("container_name") or "-"
+    return "".join(ch if ch.isprintable() else "?" for ch in text)  # one line in a table
+
+
+def or_unknown(value, unit: str = "") -> str:
+    return "?" if value is None else f"{value}{unit}"
+
+
 # ---- the allocator's side ------------------------------------------------------
 
 @dataclass
@@ -328,3 +343,22 @@ def node_now(settings: Mapping, reader: DriverReader, containers: list) -> List[
     return gpu_views(inventory, allocator, driver,
                      container_pids(settings["state_dir"], allocator, containers),
                      settings["split_count"], settings["memory_scaling"])
+
+
+def driver_columns(cfg, found: List[GpuInfo], live: Dict[str, dict], invalid: Dict[str, dict]) -> Dict[str, dict]:
+    """For `hamictl gpus`: per GPU UUID, the driver's figures now (within the
+    deadline), memory outside every slice and who holds the GPU."""
+    from . import top
+    reader = DriverReader(cfg.nvml_library)
+    allocator = AllocatorView(live, invalid)
+    containers = top.read_all(cfg.state_dir)
+    views = gpu_views(found, allocator, reader.read(), container_pids(cfg.state_dir, allocator, containers),
+                      cfg.split_count, cfg.memory_scaling)
+    def mib(value):
+        return None if value is None else value // MiB
+
+    return {v.uuid: {"driver_read": v.driver_read, "driver_error": v.driver_error,
+                     "driver_memory_used_mib": mib(v.driver_used_bytes),
+                     "utilization_pct": v.utilization_pct, "memory_outside_mib": mib(v.outside_bytes),
+                     "outside_pids": v.outside_pids,
+                     "containers": [vars(h) for h in v.holders]} for v in views}

@@ -298,17 +298,17 @@ def render_table(containers: List[ContainerView]) -> str:
     if not containers:
         return "no GPU containers"
     rows = [("CONTAINER", "ROOT", "DEV", "UUID", "POLICY", "PRIO", "MEMORY MiB (used / limit)",
-             "SM (use / limit)", "HELD", "PROCS")]
+             "SM (use / limit)", "HELD", "PROCS", "POD")]
     for c in containers:
         if c.error:
-            rows.append((c.id[:12], _root(c), "-", "-", "", "", c.error, "", "", ""))
+            rows.append((c.id[:12], _root(c), "-", "-", "", "", c.error, "", "", "", pod_name(c)))
             continue
         for d in c.devices:
             procs = sum(1 for p in c.processes if p.uses(d.index))
             rows.append((c.id[:12], _root(c), str(d.index), d.uuid, c.core_policy,
                          PRIORITIES.get(c.priority, str(c.priority)),
                          f"{_mib(d.mem_used_bytes)} / {_limit_mib(d.mem_limit_bytes)}",
-                         _sm(c, d), _held(d), str(procs)))
+                         _sm(c, d), _held(d), str(procs), pod_name(c)))
         for p in c.processes:
             host = str(p.host_pid) if p.host_pid else "?"
             state = ", exited" if p.alive is False else ""
@@ -320,14 +320,52 @@ def render_table(containers: List[ContainerView]) -> str:
                     "?" if use is None else f"{use:.0f}%"
                 rows.append((f"  pid {p.pid} (host {host}{state})", "", str(i), "", "", "",
                              f"{_mib(used)} (context {_mib(p.ctx_used_bytes[i])})", shown, "",
-                             f"{p.launches[i]} launches"))
+                             f"{p.launches[i]} launches", ""))
+    return _columns(rows)
+
+
+def _columns(rows) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
                      for row in rows)
 
 
-def render_json(containers: List[ContainerView], interval: float) -> str:
-    return json_output.dumps({"interval_s": interval, "containers": [asdict(c) for c in containers]})
+def pod_name(c) -> str:
+    from .node_view import shown_name
+    return shown_name(c)
+
+
+def _opt_mib(value: Optional[int]) -> str:
+    return "?" if value is None else _mib(value)
+
+
+def render_gpus(gpus) -> str:
+    """The node's GPUs (node_view.GpuView): the driver's figures, what the allocator
+    promised, capacity; memory outside every slice, with its processes."""
+    if not gpus:
+        return ""
+    rows = [("GPU", "UUID", "MODEL", "MEMORY MiB (driver / promised / capacity)", "OUTSIDE MiB",
+             "UTIL", "CORES", "CONTAINERS")]
+    notes = []
+    for g in gpus:
+        promised = "?" if g.allocator_error else _mib(g.memory_promised_bytes)
+        outside = "?" if g.outside_bytes is None else _mib(g.outside_bytes) + (
+            f" (pid {', '.join(map(str, g.outside_pids))})" if g.outside_pids else "")
+        rows.append((g.gpu, g.uuid, g.model or "?",
+                     f"{_opt_mib(g.driver_used_bytes)} / {promised} / {_opt_mib(g.capacity_bytes)}",
+                     outside, "?" if g.utilization_pct is None else f"{g.utilization_pct}%",
+                     "?" if g.allocator_error else f"{g.cores_promised_pct}%",
+                     "?" if g.allocator_error else f"{g.containers}/{'?' if g.slots is None else g.slots}"))
+        if not g.driver_read and not g.parent:
+            notes.append(f"GPU {g.gpu}: driver not read: {g.driver_error}")
+        if g.allocator_error:
+            notes.append(f"GPU {g.gpu}: allocator state not read: {g.allocator_error}")
+    return "\n".join([_columns(rows)] + notes)
+
+
+def render_json(containers: List[ContainerView], interval: float, gpus=()) -> str:
+    return json_output.dumps({"interval_s": interval, "containers": [asdict(c) for c in containers],
+                              "gpus": [asdict(g) for g in gpus]})
 
 
 # ---- CLI edge ----------------------------------------------------------------
@@ -337,15 +375,22 @@ def state_dir_option(func):
                         help="the runtime's state dir (default: from the config)")(func)
 
 
-def resolve_state_dir(state_dir: Optional[str]) -> str:
-    """--state-dir, else the config's (hamictl --config, $HAMI_CONFIG, the default file)."""
-    if state_dir:
-        return state_dir
+def node_settings(state_dir: Optional[str]) -> dict:
+    """The config's values the node's views need (node_view.settings), the state
+    dir --state-dir's where given."""
     from .. import config
+    from ..errors import HamiError
+    from . import node_view
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root().obj if ctx else None
     path = root.get("config_path") if isinstance(root, dict) else None
-    return config.load(path).state_dir
+    try:
+        values = node_view.settings(config.load(path))
+    except HamiError as exc:
+        raise click.ClickException(exc.line()) from None
+    if state_dir:
+        values["state_dir"] = state_dir
+    return values
 
 
 ONE_SHOT_INTERVAL = 0.5
@@ -363,21 +408,28 @@ WATCH_INTERVAL = 1.0
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="with --watch: stop after this many refreshes")
 def top_command(state_dir, interval, as_json, watch, count):
-    """Memory, SM use and throttling per GPU container and process."""
+    """Memory, SM use and throttling per GPU container and process; per GPU, the
+    driver's figures against what the allocator promised."""
     if interval is None:
         interval = WATCH_INTERVAL if watch else ONE_SHOT_INTERVAL
     if watch and interval <= 0:
         raise click.BadParameter(f"{interval} must be above 0 with --watch", param_hint="--interval")
-    state_dir = resolve_state_dir(state_dir)
+    from . import node_view
+    settings = node_settings(state_dir)
     clear = watch and not as_json and sys.stdout.isatty()
-    sampler = Sampler(state_dir)
+    sampler = Sampler(settings["state_dir"])
+    reader = node_view.DriverReader(settings["nvml_library"])
     shown = 0
     try:
         while True:
             containers = sampler.next(interval)
+            gpus = node_view.node_now(settings, reader, containers)
             if clear:
                 click.echo("\033[H\033[J", nl=False)
-            click.echo(render_json(containers, interval) if as_json else render_table(containers))
+            if as_json:
+                click.echo(render_json(containers, interval, gpus))
+            else:
+                click.echo("\n\n".join(x for x in (render_table(containers), render_gpus(gpus)) if x))
             shown += 1
             if not watch or (count is not None and shown >= count):
                 return

@@ -3,6 +3,7 @@ containers on one card and a process of no slice holding memory, scraped over
 HTTP and read with prometheus-client's own text parser; a scrape while the
 driver hangs; the views top and gpus show."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -338,3 +339,52 @@ def test_unreadable_region_is_that_containers_error(node, serve):
     assert [labels["container"] for labels, _ in series(found, "hami_container_memory_used_bytes")] == [CID_A]
     # B's process is still its container's first one (the pid the hook recorded): not outside
     assert series(found, "hami_gpu_memory_outside_slices_bytes")[0] == (GPU0, USED_MIB["outside"] * MiB)
+
+
+def hamictl(node, env, *args):
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl import main; sys.exit(main())",
+         *args], cwd=ROOT, env=dict(env, HAMI_CONFIG=str(node["config"])), capture_output=True,
+        text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_top_and_gpus_show_the_same_figures(node, sim_env):
+    top = json.loads(hamictl(node, sim_env, "top", "--interval", "0", "--json"))
+    gpus = json.loads(hamictl(node, sim_env, "gpus", "--json"))
+    seen_by_top = next(g for g in top["gpus"] if g["uuid"] == UUID0)
+    seen_by_gpus = next(g for g in gpus if g["uuid"] == UUID0)
+    used, outside = sum(USED_MIB.values()), USED_MIB["outside"]
+    assert (seen_by_top["driver_used_bytes"], seen_by_top["outside_bytes"], seen_by_top["outside_pids"],
+            seen_by_top["memory_promised_bytes"], seen_by_top["cores_promised_pct"],
+            seen_by_top["containers"], seen_by_top["slots"], seen_by_top["driver_read"]) == (
+        used * MiB, outside * MiB, [node["pids"]["outside"]], 3072 * MiB, 30, 2, 4, True)
+    assert (seen_by_gpus["driver_memory_used_mib"], seen_by_gpus["memory_outside_mib"],
+            seen_by_gpus["outside_pids"], seen_by_gpus["memory_allocated_mib"],
+            seen_by_gpus["cores_allocated"], seen_by_gpus["slots_used"], seen_by_gpus["slots"],
+            seen_by_gpus["driver_read"]) == (used, outside, [node["pids"]["outside"]], 3072, 30, 2, 4, True)
+    holders = [(h["id"], h["pod_namespace"], h["pod_name"], h["container_name"], h["request_source"],
+                h["memory_mib"], h["cores"]) for h in seen_by_top["holders"]]
+    assert holders == [(CID_A, "ml", "trainer-0", A_LABELS["container_name"], "annotation", 2048, 30),
+                       (CID_B, "", "", "", "env", 1024, 0)]
+    assert [(h["id"], h["pod_name"], h["request_source"]) for h in seen_by_gpus["containers"]] == [
+        (h[0], h[2], h[4]) for h in holders]
+    assert {c["id"]: (c["pod_namespace"], c["pod_name"], c["container_name"], c["request_source"])
+            for c in top["containers"]} == {CID_A: ("ml", "trainer-0", A_LABELS["container_name"], "annotation"),
+                                            CID_B: ("", "", "", "env")}
+
+
+def test_top_and_gpus_tables(node, sim_env):
+    shown_name = "ml/trainer-0/" + A_LABELS["container_name"].replace("\n", "?")
+    table = hamictl(node, sim_env, "top", "--interval", "0")
+    assert re.search(rf"^0\s+{UUID0}\s+{MODEL}\s+{sum(USED_MIB.values())} / 3072 / 24576\s+1324 \(pid {node['pids']['outside']}\)"
+                     r"\s+0%\s+30%\s+2/4$", table, re.M), table
+    assert re.search(rf"^aaaaaaaaaaaa\s.*\s1\s+{re.escape(shown_name)}$", table, re.M), table
+    assert re.search(r"^bbbbbbbbbbbb\s.*\s1\s+-$", table, re.M), table
+    table = hamictl(node, sim_env, "gpus")
+    assert re.search(rf"^0\s+{UUID0}\s+{MODEL}\s+16384MiB\s+2/4\s+3072/24576MiB\s+30%\s+{sum(USED_MIB.values())}MiB\s+1324MiB\s+0%$",
+                     table, re.M), table
+    assert f"GPU 0: aaaaaaaaaaaa {shown_name} 2048MiB 30% (request from annotation)" in table
+    assert "GPU 0: bbbbbbbbbbbb - 1024MiB 0% (request from env)" in table
+    assert f"GPU 0: 1324MiB held outside every slice by pid {node['pids']['outside']}" in table

@@ -146,10 +146,10 @@ def test_table_shows_each_container_device_and_process(state_dir, host_pids):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].split() == ["CONTAINER", "ROOT", "DEV", "UUID", "POLICY", "PRIO", "MEMORY", "MiB",
-                                "(used", "/", "limit)", "SM", "(use", "/", "limit)", "HELD", "PROCS"]
+                                "(used", "/", "limit)", "SM", "(use", "/", "limit)", "HELD", "PROCS", "POD"]
     # --interval 0: no interval, so neither SM use nor holding is known
     assert re.search(rf"^aaaaaaaaaaaa\s+{ROOT_K8S}\s+0\s+GPU-a\s+force\s+high\s+512 / 1024\s+"
-                     r"\? / 30%\s+\?\s+2$", result.output, re.M), result.output
+                     r"\? / 30%\s+\?\s+2\s+-$", result.output, re.M), result.output
     assert re.search(rf"^  pid 1 \(host {host_pids[1]}\)\s+0\s+300 \(context 100\)\s+\?\s+40 launches$",
                      result.output, re.M)
     assert re.search(rf"^  pid 2 \(host {host_pids[2]}\)\s+0\s+212 \(context 100\)", result.output, re.M)
@@ -157,9 +157,9 @@ def test_table_shows_each_container_device_and_process(state_dir, host_pids):
     assert re.search(r"^  pid 9 \(host \?\)", result.output, re.M), result.output
     # no SM limit: launches are not timed, so there is no use to show
     assert re.search(rf"^bbbbbbbbbbbb\s+{ROOT_MOBY}\s+0\s+GPU-b0\s+default\s+low\s+0 / 2048\s+"
-                     r"- / -\s+\?\s+0$", result.output, re.M)
+                     r"- / -\s+\?\s+0\s+-$", result.output, re.M)
     assert re.search(rf"^bbbbbbbbbbbb\s+{ROOT_MOBY}\s+1\s+GPU-b1\s+default\s+low\s+64 / -\s+"
-                     r"\? / 60%\s+\?\s+1$", result.output, re.M)
+                     r"\? / 60%\s+\?\s+1\s+-$", result.output, re.M)
 
 
 def test_exited_process_is_marked_and_not_counted(state_dir, host_pids):
@@ -169,7 +169,7 @@ def test_exited_process_is_marked_and_not_counted(state_dir, host_pids):
     fake_process(path, 9, pid=4, host_pid=gone_pid(), owner=owner_of(4, host_pids[1]),  # no pid 4 there
                  usage={0: (24 * MiB, 24 * MiB, 0, 0)})
     result = CliRunner().invoke(top.top_command, ["--state-dir", str(state_dir), "--interval", "0"])
-    assert re.search(r"^aaaaaaaaaaaa\s+\S+\s+0\s+GPU-a\s+force\s+high\s+536 / 1024\s+\? / 30%\s+\?\s+2$",
+    assert re.search(r"^aaaaaaaaaaaa\s+\S+\s+0\s+GPU-a\s+force\s+high\s+536 / 1024\s+\? / 30%\s+\?\s+2\s+-$",
                      result.output, re.M), result.output
     assert re.search(r"^  pid 4 \(host \?, exited\)\s+0\s+24 \(context 24\)", result.output,
                      re.M), result.output
@@ -211,9 +211,9 @@ def test_held_and_share_over_the_interval(state_dir, fake_time, added, use, held
     result = CliRunner().invoke(top.top_command, ["--state-dir", str(state_dir)])
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if line.startswith("aaaaaaaaaaaa"))
-    assert re.search(rf"\s{re.escape(use)}\s+{held}\s+2$", row), row
+    assert re.search(rf"\s{re.escape(use)}\s+{held}\s+2\s+-$", row), row
     # B saw nothing happen
-    assert all(re.search(r"\s-\s+\d+$", line) for line in result.output.splitlines()
+    assert all(re.search(r"\s-\s+\d+\s+-$", line) for line in result.output.splitlines()
                if line.startswith("bbbbbbbbbbbb")), result.output
 
 
