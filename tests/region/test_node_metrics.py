@@ -388,3 +388,57 @@ def test_top_and_gpus_tables(node, sim_env):
     assert f"GPU 0: aaaaaaaaaaaa {shown_name} 2048MiB 30% (request from annotation)" in table
     assert "GPU 0: bbbbbbbbbbbb - 1024MiB 0% (request from env)" in table
     assert f"GPU 0: 1324MiB held outside every slice by pid {node['pids']['outside']}" in table
+
+
+DASHBOARD = ROOT / "examples" / "grafana" / "hami-node.json"
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
+                "unless", "offset"}
+
+
+def dashboard_queries(dashboard):
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", ()):
+            yield target["expr"]
+    for variable in dashboard["templating"]["list"]:
+        if isinstance(variable.get("query"), dict):
+            yield variable["query"]["query"]
+
+
+def metric_names(expr):
+    """The metric names a PromQL expression (or a Grafana label_values query) reads."""
+    expr = re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", expr)
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", expr)
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    return {m.group(1) for m in re.finditer(r"([A-Za-z_:][\w:]*)\s*(\()?", expr)
+            if not m.group(2) and m.group(1) not in PROMQL_WORDS}
+
+
+@pytest.mark.parametrize("expr,names", [
+    ('hami_gpu_slots{instance=~"$instance"}', {"hami_gpu_slots"}),
+    ('sum by (instance, uuid) (rate(a_total{x="y"}[$__rate_interval])) * 100', {"a_total"}),
+    ('a / on(uuid) group_left(model) b > 0 < 100', {"a", "b"}),
+    ('count by (i) (a == 0) or on(i) (0 * count by (i) (b))', {"a", "b"}),
+    ('label_values(hami_gpu_info{instance=~"$instance"}, uuid)', {"hami_gpu_info"}),
+])
+def test_metric_names_of_a_query(expr, names):
+    assert metric_names(expr) == names
+
+
+def test_dashboard_reads_only_exported_series(node, serve):
+    """Every query of the example dashboard reads series `hamictl metrics` exports."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert panels and all(p.get("targets") for p in panels)
+    exported = {name for name, _ in samples(serve(node["config"]).scrape()[0])}
+    read = set()
+    for expr in dashboard_queries(dashboard):
+        names = metric_names(expr)
+        assert names, expr
+        assert names <= exported, (expr, names - exported)
+        read |= names
+    # the dashboard shows promised, used and physical per GPU, and use against limits per container
+    assert {"hami_gpu_memory_promised_bytes", "hami_gpu_driver_memory_used_bytes",
+            "hami_gpu_memory_physical_bytes", "hami_container_memory_used_bytes",
+            "hami_container_memory_limit_bytes", "hami_container_sm_limit_percent",
+            "hami_container_sm_throttled_seconds_total", "hami_container_sm_paused_seconds_total"} <= read
