@@ -20,7 +20,7 @@ from . import modifiers
 KIND = {stat.S_IFLNK: "a symbolic link", stat.S_IFREG: "a regular file", stat.S_IFDIR: "a directory",
         stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
         stat.S_IFSOCK: "a socket"}
-ALLOWED = {"etc": (stat.S_IFDIR,), "etc/ld.so.preload": (stat.S_IFREG,), ".hami": (stat.S_IFDIR,)}
+ALLOWED = {"etc": stat.S_IFDIR, "etc/ld.so.preload": stat.S_IFREG, ".hami": stat.S_IFDIR}
 
 
 def root_path(bundle: str, spec: dict) -> str:
@@ -39,30 +39,35 @@ def _kind(dir_fd: int, name: str):
         return None
 
 
-def etc_hold(bundle: str, spec: dict) -> modifiers.EtcHold:
-    """/etc's own mount point for this spec's root (modifiers.etc_hold), once the
-    image's /etc, /etc/ld.so.preload and /.hami are found to be what it can hold."""
-    root = root_path(bundle, spec)
-    try:
-        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise HamiError("root.path", root, f"cannot open the root: {exc.strerror}") from None
+def _found(root: str) -> dict:
+    """The file types of ALLOWED's names under `root` (None: absent), no link followed."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         found = {name: _kind(root_fd, name) for name in ("etc", ".hami")}
         if found["etc"] == stat.S_IFDIR:
-            etc_fd = os.open("etc", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             dir_fd=root_fd)
+            etc_fd = os.open("etc", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
             try:
                 found["etc/ld.so.preload"] = _kind(etc_fd, "ld.so.preload")
             finally:
                 os.close(etc_fd)
     finally:
         os.close(root_fd)
+    return found
+
+
+def etc_hold(bundle: str, spec: dict) -> modifiers.EtcHold:
+    """/etc's own mount point for this spec's root (modifiers.etc_hold), once the
+    image's /etc, /etc/ld.so.preload and /.hami are found to be what it can hold."""
+    root = root_path(bundle, spec)
+    try:
+        found = _found(root)
+    except OSError as exc:
+        raise HamiError("root.path", root, f"cannot read the root: {exc.strerror}") from None
     for name, kind in found.items():
-        if kind is not None and kind not in ALLOWED[name]:
+        if kind is not None and kind != ALLOWED[name]:
             raise HamiError(f"root /{name}", os.path.join(root, name),
                             f"is {KIND.get(kind, 'not a plain file')} in the image: a GPU container's "
-                            f"/{name} must be {KIND[ALLOWED[name][0]]} or absent, as the runtime makes a "
+                            f"/{name} must be {KIND[ALLOWED[name]]} or absent, as the runtime makes a "
                             "mount point of it that the container cannot rename")
     readonly = bool((spec.get("root") or {}).get("readonly"))
     return modifiers.etc_hold(os.path.join(root, "etc") if found["etc"] else None, readonly)
