@@ -173,9 +173,12 @@ def read_driver(nvml_library: str, into: DriverReading) -> None:
 
 class DriverReader:
     """Reads the driver in a worker thread and waits for it at most `deadline_s`.
-    One worker at a time: while one is stuck in the driver, a read answers at
-    once that the driver has not answered. The last inventory read is kept, so
-    the GPUs are still named while the driver is not."""
+    One worker at a time: a read that finds one at work waits for it, within
+    what is left of that worker's deadline, and takes its result (two scrapes at
+    once share one read); a worker stuck in the driver past its deadline is
+    never joined by another, and reads answer at once that the driver has not
+    answered. The last inventory read is kept, so the GPUs are still named
+    while the driver is not."""
 
     def __init__(self, nvml_library: str = "", deadline_s: float = DRIVER_DEADLINE_S,
                  read=read_driver):
@@ -183,17 +186,12 @@ class DriverReader:
         self.deadline_s = deadline_s
         self._read = read
         self._lock = threading.Lock()
-        self._busy_since: Optional[float] = None
+        self._current = None  # (started, reading, done) of the worker at work
         self.inventory: List[GpuInfo] = []
 
-    def read(self) -> DriverReading:
-        started = time.monotonic()
-        with self._lock:
-            if self._busy_since is not None:
-                return DriverReading(error=f"the driver has not answered a read started "
-                                           f"{started - self._busy_since:.1f}s ago")
-            self._busy_since = started
+    def _start(self):
         reading, done = DriverReading(), threading.Event()
+        current = (time.monotonic(), reading, done)
 
         def work():
             try:
@@ -202,15 +200,25 @@ class DriverReader:
                 reading.error = f"NVML: {exc}"
             finally:
                 with self._lock:
-                    self._busy_since = None
+                    self._current = None
                 done.set()
 
+        self._current = current
         threading.Thread(target=work, name="hami-nvml", daemon=True).start()
-        answered = done.wait(self.deadline_s)
+        return current
+
+    def read(self) -> DriverReading:
+        asked = time.monotonic()
+        with self._lock:
+            started, reading, done = self._current or self._start()
+        answered = done.wait(max(0.0, started + self.deadline_s - time.monotonic()))
         result = DriverReading(list(reading.inventory), dict(reading.figures), reading.error,
-                               time.monotonic() - started)
+                               time.monotonic() - asked)
         if not answered:
-            result.error = f"the driver did not answer within {self.deadline_s:g}s"
+            result.figures = {} if started < asked else result.figures
+            result.error = (f"the driver did not answer within {self.deadline_s:g}s"
+                            if started >= asked else f"the driver has not answered a read "
+                            f"started {asked - started:.1f}s ago")
         if result.inventory:
             self.inventory = result.inventory
         return result
@@ -304,9 +312,12 @@ def gpu_views(inventory: List[GpuInfo], allocator: AllocatorView, driver: Driver
     for view in views.values():
         view.allocator_error = allocator.error
         figures = driver.figures.get(view.uuid)
+        if view.parent:  # a MIG instance: the driver's figures are its GPU's
+            view.driver_read = view.parent in driver.figures
+            view.driver_error = "" if view.driver_read else driver.error or "the driver was not read"
+            continue
         if figures is None:
             view.driver_error = driver.error or (
-                "a MIG instance: the driver's figures are its GPU's" if view.parent else
                 "the driver does not list this GPU" if driver.inventory else "the driver was not read")
             continue
         view.driver_read = True
@@ -348,10 +359,15 @@ def node_now(settings: Mapping, reader: DriverReader, containers: list) -> List[
 def driver_columns(cfg, found: List[GpuInfo], live: Dict[str, dict], invalid: Dict[str, dict]) -> Dict[str, dict]:
     """For `hamictl gpus`: per GPU UUID, the driver's figures now (within the
     deadline), memory outside every slice and who holds the GPU."""
+    import click
+
     from . import top
     reader = DriverReader(cfg.nvml_library)
     allocator = AllocatorView(live, invalid)
-    containers = top.read_all(cfg.state_dir)
+    try:
+        containers = top.read_all(cfg.state_dir)
+    except click.ClickException:  # no region.h: no region's processes are known
+        containers = []
     views = gpu_views(found, allocator, reader.read(), container_pids(cfg.state_dir, allocator, containers),
                       cfg.split_count, cfg.memory_scaling)
     def mib(value):

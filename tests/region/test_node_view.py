@@ -131,3 +131,33 @@ def test_outside_is_what_no_slice_counts():
     [view] = node_view.gpu_views([GPU], node_view.AllocatorView(), reading, {101, 999}, 4, 1.0)
     assert (view.driver_used_bytes, view.utilization_pct, view.outside_bytes, view.outside_pids) == (
         700, 50, 600, [102, 103])
+
+
+def test_reads_at_once_share_one_worker():
+    calls = []
+
+    def slow(nvml_library, into):
+        calls.append(1)
+        time.sleep(0.1)
+        into.inventory = [GPU]
+        into.figures[GPU.uuid] = node_view.DriverGpu(GPU.uuid, 10, 5, {})
+
+    reader = node_view.DriverReader(deadline_s=0.5, read=slow)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(reader.read())) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert len(calls) == 1
+    assert [(list(r.figures), r.error) for r in results] == [([GPU.uuid], "")] * 3
+
+
+def test_mig_instance_is_read_with_its_gpu():
+    parent = GPU._replace(mig_mode=True)
+    instance = GPU._replace(uuid="MIG-0001", parent=GPU.uuid, mig_index=1, memory_mib=512)
+    reading = node_view.DriverReading(inventory=[parent, instance], figures={
+        GPU.uuid: node_view.DriverGpu(GPU.uuid, 700, 50, {})})
+    views = node_view.gpu_views([parent, instance], node_view.AllocatorView(), reading, set(), 4, 1.0)
+    assert [(v.gpu, v.driver_read, v.driver_used_bytes, v.capacity_bytes, v.slots) for v in views] == [
+        ("0", True, 700, 0, 0), ("0:1", True, None, 512 * node_view.MiB, 1)]
