@@ -298,3 +298,90 @@ def test_the_warm_up_holds_none_of_the_engines_fds(node):
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+# Random specs, each read by Python as the runtime reads it: wherever that
+# reading finds a request, a dockerd GPU hook or a spec it refuses, the
+# launcher must have handed the create to Python.
+VOCABULARY_KEYS = PY_KEYS[::3] + OTHER_KEYS + ["io.kubernetes.cri.container-type", "note", "hami.io/"]
+VOCABULARY_ENV = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=none", "HAMI_GPUMEM=10",
+                  "NVIDIA_DRIVER_CAPABILITIES=compute", "CUDA_VERSION=12.4", "PATH=/bin", "NVIDIA_X",
+                  "LANG=C.UTF-8", "hami_gpumem=1"]
+HOOKS = [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["x", "prestart"]},
+         {"path": "/bin/true"}, {"path": "/usr/bin/env", "args": ["nvidia-container-toolkit"]}]
+
+
+def escaped(text: str, rng) -> str:
+    """A JSON string literal with some characters written as \\u escapes."""
+    return '"' + "".join(f"\\u{ord(c):04x}" if rng.random() < 0.2 else
+                         json.dumps(c)[1:-1] for c in text) + '"'
+
+
+def random_spec(rng, base) -> bytes:
+    spec = json.loads(json.dumps(base))
+    if rng.random() < 0.6:
+        spec["annotations"] = {rng.choice(VOCABULARY_KEYS): rng.choice(["1", "10", "sandbox", "x"])
+                               for _ in range(rng.randrange(4))}
+    if rng.random() < 0.6:
+        spec["process"]["env"] = spec["process"]["env"] + rng.sample(VOCABULARY_ENV, rng.randrange(3))
+    if rng.random() < 0.2:
+        spec["hooks"] = {rng.choice(["prestart", "poststart"]): [rng.choice(HOOKS)]}
+    if rng.random() < 0.1:
+        spec[rng.choice(["annotations", "process", "hooks"])] = rng.choice([None, [], "x", 1])
+    text = json.dumps(spec, ensure_ascii=rng.random() < 0.5)
+    if rng.random() < 0.3:  # keys and env entries written with escapes
+        for key in list(spec.get("annotations") or {}) if isinstance(spec.get("annotations"), dict) else []:
+            text = text.replace(json.dumps(key), escaped(key, rng), 1)
+        for entry in (spec.get("process") or {}).get("env") or [] if isinstance(spec.get("process"), dict) else []:
+            text = text.replace(json.dumps(entry), escaped(entry, rng), 1)
+    if rng.random() < 0.1:  # a key given twice
+        text = text[:-1] + ', "annotations": {"hami.io/gpumem": "10"}, "annotations": {}}'
+    if rng.random() < 0.05:
+        text = text[:rng.randrange(len(text))]
+    return text.encode()
+
+
+def python_needed(text: bytes) -> bool:
+    from hami_runtime.lifecycle.request_keys import mentions_request
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        return True
+    if not isinstance(spec, dict):
+        return True
+    annotations, process = spec.get("annotations", {}), spec.get("process", {})
+    if annotations is not None and (not isinstance(annotations, dict) or
+                                    not all(isinstance(v, str) for v in annotations.values())):
+        return True
+    if process is not None and not isinstance(process, dict):
+        return True
+    env = (process or {}).get("env", [])
+    if env is not None and (not isinstance(env, list) or not all(isinstance(e, str) for e in env)):
+        return True
+    if spec.get("hooks") is not None and not isinstance(spec["hooks"], dict):
+        return True
+    return mentions_request(annotations or {}, env or [], True) or bool(docker_gpus.gpu_hooks(spec))
+
+
+def test_random_specs_never_skip_python(node):
+    import random
+    rng = random.Random(29)
+    log = node.tmp / "hami.log"
+    node.write_config(runtime="/bin/true", log_file=str(log), log_level="debug")
+    log.write_text("")
+    base = json.loads(json.dumps(node.template))
+    base["root"] = {"path": str(node.rootfs), "readonly": False}
+    fast = needed = 0
+    for n in range(150):
+        text = random_spec(rng, base)
+        bundle = node.tmp / "bundles" / f"r{n}"
+        bundle.mkdir(parents=True)
+        (bundle / "config.json").write_bytes(text)
+        logged = len(log.read_text().splitlines())
+        proc = node.runtime("create", "--bundle", str(bundle), f"r{n}", cmd=[str(LAUNCHER)])
+        python = len(log.read_text().splitlines()) > logged or proc.stderr.startswith("hami-runtime:")
+        if python_needed(text):
+            needed += 1
+            assert python, text
+        fast += not python
+    assert needed > 30 and fast > 30  # both sides of the line were tried
