@@ -442,3 +442,18 @@ def test_dashboard_reads_only_exported_series(node, serve):
             "hami_gpu_memory_physical_bytes", "hami_container_memory_used_bytes",
             "hami_container_memory_limit_bytes", "hami_container_sm_limit_percent",
             "hami_container_sm_throttled_seconds_total", "hami_container_sm_paused_seconds_total"} <= read
+
+
+OTHER_SERIES = {"hami_container_region_readable", "hami_container_info", "hami_gpu_info",
+                "hami_node_memory_scaling", "hami_node_info"}
+
+
+def test_every_series_is_checked_here_and_documented(node, serve):
+    """What a scrape exports is what these tests check, and docs/operations.md names each."""
+    exported = {name for name, _ in samples(serve(node["config"]).scrape()[0])}
+    hami = {name for row in HAMI_GPU_SERIES for name in row[:2]} | {
+        "vGPU_device_memory_usage_in_bytes", "hami_vgpu_memory_used_bytes",
+        "vGPU_device_memory_limit_in_bytes", "hami_vgpu_memory_limit_bytes"}
+    assert exported == set(GPU_SERIES) | set(CONTAINER_SERIES) | OTHER_SERIES | hami
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    assert [name for name in sorted(exported) if f"`{name}" not in docs] == []
