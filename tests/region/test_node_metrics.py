@@ -17,7 +17,7 @@ from hami_runtime.files import process_start
 from hami_runtime.lifecycle.state_layout import alloc_name, root_key
 from hami_runtime.node import region
 from hami_runtime.node.region import DeviceLimit
-from hami_runtime.tools import metrics, node_view
+from hami_runtime.tools import node_view
 from tests.conftest import BUILD, ROOT, SIM_LIB
 from tests.region.fakes import fake_process, make_container
 
