@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional
 
+from ..lifecycle.request_keys import ENV_KEYS, VISIBLE
 from ..node.gpu import GpuInfo
 
 MiB = 1024 * 1024
@@ -40,7 +41,7 @@ NAME_KEYS = {
     "container_name": ("io.kubernetes.cri.container-name", "io.kubernetes.container.name",
                        "nerdctl/name"),
 }
-ENV_SOURCE_KEYS = ("NVIDIA_VISIBLE_DEVICES", "HAMI_GPUMEM", "HAMI_GPUCORES", "HAMI_GPUMEM_PERCENTAGE")
+ENV_SOURCE_KEYS = (VISIBLE,) + ENV_KEYS
 
 
 def bounded(value) -> str:
