@@ -66,6 +66,15 @@ def host_pids():
     outer.wait(timeout=10)
 
 
+@pytest.fixture(autouse=True)
+def no_driver(tmp_path_factory, monkeypatch):
+    """top reads the driver too (the GPUs below the containers): these tests are about
+    the containers, so the driver is one that cannot be loaded, on any machine."""
+    config = tmp_path_factory.mktemp("config") / "hami.toml"
+    config.write_text('nvml_library = "/nonexistent/libnvidia-ml.so.1"\n')
+    monkeypatch.setenv("HAMI_CONFIG", str(config))
+
+
 @pytest.fixture
 def state_dir(tmp_path, host_pids):
     """Two GPU containers: A (force, high priority) with two processes on one device
