@@ -133,13 +133,19 @@ class DriverReading:
     seconds: float = 0.0
 
 
+_NVML_STARTED = []  # one nvmlInit this process holds, so that each read is cheap
+
+
 def _nvml(nvml_library: str):
-    """pynvml, initialised (once per process; a failed start is tried again)."""
+    """pynvml, initialised once per process (a failed start is tried again at the
+    next read; reads run one at a time)."""
     import ctypes
     import pynvml
-    if nvml_library:
-        ctypes.CDLL(nvml_library, mode=os.RTLD_GLOBAL)
-    pynvml.nvmlInit()  # counted: every later call is cheap while one holds it
+    if not _NVML_STARTED:
+        if nvml_library:
+            ctypes.CDLL(nvml_library, mode=os.RTLD_GLOBAL)
+        pynvml.nvmlInit()
+        _NVML_STARTED.append(nvml_library)
     return pynvml
 
 
