@@ -457,3 +457,14 @@ def test_every_series_is_checked_here_and_documented(node, serve):
     assert exported == set(GPU_SERIES) | set(CONTAINER_SERIES) | OTHER_SERIES | hami
     docs = (ROOT / "docs" / "operations.md").read_text()
     assert [name for name in sorted(exported) if f"`{name}" not in docs] == []
+
+
+def test_a_container_cannot_claim_a_host_process(node, serve):
+    """B's region names the host process's pid as one of its own (a slot's host_pid is
+    the container's word): the host matches pids in B's pid namespace, so the
+    process stays outside every slice."""
+    fake_process(node["state"] / "containers" / NAME_B / region.REGION_FILE_NAME, 5, pid=77,
+                 host_pid=node["pids"]["outside"], usage={0: (2 * MiB, 0, 0, 0)})
+    found = samples(serve(node["config"]).scrape()[0])
+    assert series(found, "hami_gpu_memory_outside_slices_bytes")[0] == (GPU0, USED_MIB["outside"] * MiB)
+    assert series(found, "hami_gpu_processes_outside_slices")[0] == (GPU0, 1)
