@@ -29,7 +29,9 @@ each hami kind, the median of its differences to runc's sample of the same
 iteration (paired: both saw the same moment's load); runc's median CPU ms
 (user + system of the command and what it waited for, hooks included; not the
 detached release) and each kind's added CPU ms, paired the same way; then
-passthrough `list`/`state` rows.
+passthrough `list`/`state` rows; then the launcher's own cost on the fast path
+(a create without request, with /bin/true as the runtime, against /bin/true
+alone: its exec, and the config and the spec read).
 The state dir, the runc root and the bundles are on a tmpfs (/dev/shm), as
 /run is on a node.
 """
@@ -202,6 +204,15 @@ def main() -> int:
             for name, args in (("list", ("list",)), ("state", ("state", "resident"))):
                 passthrough[name][0].append(timed([RUNC] + s.g(*args), env))
                 passthrough[name][1].append(timed(hami + s.g(*args), env))
+        # the launcher's own cost on the fast path (its exec, the config and the spec
+        # read): a config whose runtime is /bin/true, against /bin/true alone
+        true_config = work / "true.toml"
+        true_config.write_text(f'runtime = "/bin/true"\nstate_dir = "{s.state}"\n')
+        true_env = {**env, "HAMI_CONFIG": str(true_config)}
+        alone = ([], [])
+        for i in range(200):
+            alone[0].append(timed(["/bin/true"] + s.g("create", "--bundle", str(plain), "t"), true_env))
+            alone[1].append(timed(hami + s.g("create", "--bundle", str(plain), "t"), true_env))
         load_after = os.getloadavg()
         print(f"runtime latency, {n} iterations, kinds in turn within each (runc; hami-runtime "
               f"{os.path.relpath(LAUNCHER, ROOT)}, no request; the same, GPU request); {os.cpu_count()} CPUs; "
@@ -237,6 +248,9 @@ def main() -> int:
             rm, hm = stats([w for w, _ in runc_runs])[0], stats([w for w, _ in hami_runs])[0]
             rc, hc = stats([c for _, c in runc_runs])[0], stats([c for _, c in hami_runs])[0]
             print(f"| `{name}` | {rm:.1f} | {hm:.1f} | {hm - rm:+.1f} | {rc:.1f} | {hc:.1f} |")
+        base, launched = stats([w for w, _ in alone[0]])[0], stats([w for w, _ in alone[1]])[0]
+        print(f"\nthe launcher alone (create without request, /bin/true as the runtime, 200 runs): "
+              f"{launched:.2f} ms against {base:.2f} ms for /bin/true alone: {launched - base:+.2f} ms")
     finally:
         quiet([RUNC] + s.g("delete", "-f", "resident"), env)
         for cid in (subprocess.run([RUNC] + s.g("list", "-q"), capture_output=True, text=True).stdout.split()):
