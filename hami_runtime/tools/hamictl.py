@@ -100,8 +100,12 @@ def gpus(ctx, as_json):
     used = allocator.usage(live.values())
     caps = {g.uuid: allocator.capacity(g, cfg.split_count, cfg.memory_scaling) for g in found}
     blocked = allocator.blocked(invalid, live.values(), found, caps)
-    from . import node_view
-    now = node_view.driver_columns(cfg, found, live, invalid)
+    from . import node_view, top
+    try:
+        containers = top.read_all(cfg.state_dir)
+    except click.ClickException:  # no region.h: no region's processes are known
+        containers = []
+    now = node_view.driver_columns(cfg, found, live, invalid, containers)
     rows = []
     for gpu in found:
         cap = caps[gpu.uuid]

@@ -363,18 +363,13 @@ def node_now(settings: Mapping, reader: DriverReader, containers: list) -> List[
                      settings["split_count"], settings["memory_scaling"])
 
 
-def driver_columns(cfg, found: List[GpuInfo], live: Dict[str, dict], invalid: Dict[str, dict]) -> Dict[str, dict]:
+def driver_columns(cfg, found: List[GpuInfo], live: Dict[str, dict], invalid: Dict[str, dict],
+                   containers: list) -> Dict[str, dict]:
     """For `hamictl gpus`: per GPU UUID, the driver's figures now (within the
-    deadline), memory outside every slice and who holds the GPU."""
-    import click
-
-    from . import top
+    deadline), memory outside every slice and who holds the GPU (`containers`: what
+    top.read_all found)."""
     reader = DriverReader(cfg.nvml_library)
     allocator = AllocatorView(live, invalid)
-    try:
-        containers = top.read_all(cfg.state_dir)
-    except click.ClickException:  # no region.h: no region's processes are known
-        containers = []
     views = gpu_views(found, allocator, reader.read(), container_pids(cfg.state_dir, allocator, containers),
                       cfg.split_count, cfg.memory_scaling)
     def mib(value):
