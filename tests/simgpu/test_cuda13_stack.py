@@ -10,6 +10,7 @@ import pytest
 
 NOT_SUPPORTED, INVALID_VALUE, INVALID_HANDLE, NOT_READY = 801, 1, 400, 600
 INVALID_CLUSTER_SIZE, PEER_ACCESS_UNSUPPORTED, ILLEGAL_STATE = 912, 217, 401
+INVALID_CONTEXT = 201
 POSIX_FD = 1
 MIB = 1 << 20
 
@@ -204,6 +205,31 @@ def test_the_private_tables_cublaslt_reads_agree_with_the_public_calls(run_py):
         print(json.dumps([rc, got.value == mine.value, rc2, a.value == b.value != 0]))
     """))
     assert out == [0, True, 0, True]
+
+
+def test_the_sm_layout_table_places_each_tpc_in_its_gpc(run_py):
+    """cuBLASLt 13 places thread block clusters for its fp16/bf16 kernels from this table (one byte a
+    TPC: its GPC) and calls through it unchecked: the layout is the one cluster occupancy uses."""
+    out = json.loads(run_py("""
+        import json
+        c = Cuda(); c.init(0)
+        table = ctypes.c_void_p()
+        c.call("cuGetExportTable", ctypes.byref(table),
+               ctypes.create_string_buffer(bytes.fromhex("1734dc26800d47458726c0f1e7dd8bca"), 16))
+        slots = ctypes.cast(table, ctypes.POINTER(ctypes.c_void_p))
+        layout = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                  ctypes.POINTER(ctypes.c_size_t))(slots[4])
+        release = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)(slots[13])
+        buf, n = ctypes.c_void_p(), ctypes.c_size_t()
+        rc = layout(ctypes.byref(buf), ctypes.byref(n))
+        gpcs = list(ctypes.string_at(buf.value, n.value))
+        release(buf, n)
+        ctx = ctypes.c_void_p()
+        c.call("cuCtxPopCurrent", ctypes.byref(ctx))
+        no_context = layout(ctypes.byref(buf), ctypes.byref(n))
+        print(json.dumps([slots[0], rc, [gpcs.count(g) for g in range(8)], gpcs == sorted(gpcs), no_context]))
+    """))
+    assert out == [14 * 8, 0, [9, 9, 8, 8, 8, 8, 8, 8], True, INVALID_CONTEXT]
 
 
 def test_cuda13_forms_name_their_context_and_pool_location(run_py):
