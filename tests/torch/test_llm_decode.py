@@ -15,8 +15,7 @@ DECODE = ROOT / "bench" / "decode_probe.py"
 CARD_MIB, SLICE_MIB = 16384, 3000
 KERNEL_US = 100                 # a replay (~40 kernels) keeps the card busy ~4 ms
 UTILIZATION = 0.9
-# float32: cuBLASLt's half-precision heuristics do not run on the simulated card
-ARGS = ("--dtype", "float32", "--seconds", 3, "--utilization", UTILIZATION)
+ARGS = ("--dtype", "float16", "--seconds", 3, "--utilization", UTILIZATION)
 
 
 def decode(node, env, name, annotations):  # noqa: F811
