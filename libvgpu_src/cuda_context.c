@@ -173,7 +173,7 @@ static uint64_t others_held(const struct snapshot *snap, const nvmlProcessInfo_t
 
 static uint64_t growth[HAMI_MAX_DEVICES];      /* charged by reconciliation, per device */
 static uint64_t reconciled_ns[HAMI_MAX_DEVICES];
-static CUdevice reconciled_dev[HAMI_MAX_DEVICES];  /* the CUDA device of each region index, once seen */
+static CUdevice reconciled_dev[HAMI_MAX_DEVICES];  /* the CUDA device of each region index + 1 (0: not seen) */
 static pthread_mutex_t reconcile_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The driver's per-process count is the truth: what it holds for this process beyond
