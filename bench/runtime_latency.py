@@ -21,8 +21,9 @@ GPU kind once more on a fresh state dir after a container without request
 create starts the launcher's detached warm-up, which the bench lets finish.
 After a GPU container's delete the launcher frees the allocation in a
 detached Python release, and the first create without request on a fresh
-state dir starts a detached warm-up; the bench waits for both to finish
-before the next command, so that they take no CPU from whatever is timed next.
+state dir starts a detached warm-up (once that create's runc has exited);
+the bench waits for both to exit before the next command, so that they take
+no CPU from whatever is timed next.
 
 Prints a markdown table: median and p90 wall ms per kind; the added ms of
 each hami kind, the median of its differences to runc's sample of the same
@@ -135,9 +136,30 @@ class Setup:
                 (cache / name).exists() for name in ("config.json", "gpus.json", "driver-files.json")):
             time.sleep(0.005)
 
+    @staticmethod
+    def background_gone(timeout=20.0):
+        """Waits until no detached release or warm-up the launcher started is
+        still running (their env holds the launcher's flag until they exit)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = False
+            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as handle:
+                        environ = handle.read()
+                except OSError:
+                    continue
+                if b"HAMI_WARM_UP=1" in environ or b"HAMI_DELETE_DONE=1" in environ:
+                    busy = True
+                    break
+            if not busy:
+                return
+            time.sleep(0.005)
+
     def fresh_state(self):
         self.released()
         self.warmed()
+        self.background_gone()
         shutil.rmtree(self.state, ignore_errors=True)
 
 
@@ -174,6 +196,7 @@ def main() -> int:
             quiet(hami + s.g("create", "--bundle", str(plain), f"sandbox-{cid}"), env)
             quiet(hami + s.g("delete", "-f", f"sandbox-{cid}"), env)
             s.warmed()
+            s.background_gone()
         if op == "create+delete":
             wall, cpu = timed(cmd + s.g("create", "--bundle", str(bundle), cid), env)
             w2, c2 = timed(cmd + s.g("delete", cid), env)
@@ -183,6 +206,7 @@ def main() -> int:
             quiet(cmd + s.g("delete", "-f", cid), env)
         s.released()
         s.warmed()
+        s.background_gone()
         results.setdefault((op, warmth, kind), []).append((wall, cpu))
 
     try:

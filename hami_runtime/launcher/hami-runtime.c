@@ -9,7 +9,7 @@
  * it cannot read exactly as Python would), with runc's flags only and a valid
  * id: the Python runtime would pass it through untouched (the first such
  * create on a state dir without the validated config starts a detached,
- * niced warm-up of the caches a GPU create reads). delete runs the real
+ * low-priority warm-up of the caches a GPU create reads). delete runs the real
  * runtime's delete and returns its status at once; where the state dir holds
  * the id's allocation dirs, the allocation is then freed by a detached Python
  * release (stdio on /dev/null), and by any later allocator transaction in any
@@ -32,8 +32,12 @@
 #include <string.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <time.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -244,11 +248,35 @@ static void close_from(int low)
     closedir(dir);
 }
 
-/* Python with `flag` set in its env, detached: the caller does not wait for
- * it, and it holds none of the caller's pipes (stdio on /dev/null); with
- * `niceness`, at that nice value. */
-static void python_detached(char **argv, const char *flag, int niceness)
+/* Waits until process `pid` has ended, at most `ms` milliseconds (the whole
+ * time where the kernel has no pidfd). */
+static void wait_for_end(pid_t pid, int ms)
 {
+#ifdef SYS_pidfd_open
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    int fd = -1;
+    (void)pid;
+#endif
+    if (fd < 0) {
+        struct timespec pause = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        nanosleep(&pause, NULL);
+        return;
+    }
+    struct pollfd ended = {fd, POLLIN, 0};
+    while (poll(&ended, 1, ms) < 0 && errno == EINTR)
+        ;
+    close(fd);
+}
+
+/* Python with `flag` set in its env, detached: the caller does not wait for
+ * it, and it holds none of the caller's pipes (stdio on /dev/null). With
+ * `idle`, it runs only while a CPU is idle (SCHED_IDLE; where that is refused,
+ * at nice 19), once the caller (then what it execs) has ended or `after_ms`
+ * have passed. */
+static void python_detached(char **argv, const char *flag, int idle, int after_ms)
+{
+    pid_t caller = getpid();
     pid_t child = fork();
     if (child < 0)
         return;
@@ -265,8 +293,13 @@ static void python_detached(char **argv, const char *flag, int niceness)
         }
         close_from(3); /* the engine's pipes and preserved fds are not its to hold */
         setenv(flag, "1", 1);
-        if (niceness)
-            setpriority(PRIO_PROCESS, 0, niceness); /* failing that, at the caller's */
+        if (idle) {
+            struct sched_param none = {0};
+            if (sched_setscheduler(0, SCHED_IDLE, &none) != 0)
+                setpriority(PRIO_PROCESS, 0, 19);
+        }
+        if (after_ms)
+            wait_for_end(caller, after_ms);
         run_python(argv);
     }
     waitpid(child, NULL, 0);
@@ -298,7 +331,8 @@ static void warm_up_once(char *argv0)
         return;
     close(fd);
     char *args[] = {argv0, NULL}; /* no command: without the flag, runc's help */
-    python_detached(args, WARM_UP_ENV, 19); /* behind whatever the node runs now */
+    /* behind whatever the node runs now, and after runc's create (a run's: 2 s at most) */
+    python_detached(args, WARM_UP_ENV, 1, 2000);
 }
 
 /*
@@ -359,7 +393,7 @@ static int delete_then_release(const char *runtime, int argc, char **argv, int a
         if (errno != EINTR)
             return 1;
     if (may_hold_allocation(argc, argv, at))
-        python_detached(argv, DELETE_DONE_ENV, 0); /* the next allocator transaction frees it otherwise */
+        python_detached(argv, DELETE_DONE_ENV, 0, 0); /* the next allocator transaction frees it otherwise */
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

@@ -217,7 +217,7 @@ def settled(node):
     time.sleep(max(0.0, 2.2 - age))
 
 
-def warmed(node, timeout=20.0):
+def warmed(node, timeout=60.0):
     """Waits for the detached warm-up's caches; True when they are all there."""
     cache = node.state_dir / "cache"
     deadline = time.monotonic() + timeout
