@@ -72,6 +72,14 @@ def spec_template(where):
     return spec
 
 
+def _special_files(directory, names):
+    """copytree's ignore: what is neither a regular file, a dir nor a link."""
+    import stat
+    return [n for n in names
+            if not stat.S_ISREG(mode := os.lstat(os.path.join(directory, n)).st_mode)
+            and not stat.S_ISDIR(mode) and not stat.S_ISLNK(mode)]
+
+
 class Node:
     """One test's node: config, state dir, runc root, bundles, commands."""
 
@@ -125,9 +133,10 @@ class Node:
 
     def private_rootfs(self, name):
         """A copy of the rootfs for one container that changes it (the shared one
-        stays as made)."""
+        stays as made). Device nodes, FIFOs and sockets that earlier containers left in
+        the shared one (a tenant's mknod in /tmp) are not the image's: not copied."""
         path = self.tmp / "rootfs" / name
-        shutil.copytree(self.rootfs, path, symlinks=True)
+        shutil.copytree(self.rootfs, path, symlinks=True, ignore=_special_files)
         return path
 
     def bundle(self, name, annotations=None, env=(), args=("sleep", "60"), rootfs=None, readonly=False):
