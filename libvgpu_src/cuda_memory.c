@@ -10,15 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-/* The driver hands out device memory in whole 2 MiB pages; charging the same keeps
- * what the host sees for the container within the limit. */
-#define PAGE (2ull << 20)
 #define PITCH_ALIGN 512ull
-
-static uint64_t pages(uint64_t bytes)
-{
-    return bytes > UINT64_MAX - PAGE ? UINT64_MAX : (bytes + PAGE - 1) / PAGE * PAGE;
-}
 
 static int current_index(CUcontext *ctx)
 {
@@ -64,7 +56,7 @@ HAMI_HOOK(CUresult, cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, 
     int index = current_index(&ctx);
     if (index < 0 || !dptr || bytesize == 0)
         return real(dptr, bytesize);
-    uint64_t charge = pages(bytesize);
+    uint64_t charge = hami_pages(bytesize);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = spill(index, real(dptr, bytesize), dptr, bytesize);
@@ -82,7 +74,7 @@ HAMI_HOOK(CUresult, cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsi
     int index = current_index(&ctx);
     if (index < 0 || !dptr || bytesize == 0)
         return real(dptr, bytesize, flags);
-    uint64_t charge = pages(bytesize);
+    uint64_t charge = hami_pages(bytesize);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, bytesize, flags);
@@ -106,7 +98,7 @@ HAMI_HOOK(CUresult, cuMemAllocPitch_v2,
         return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (Height > UINT64_MAX / row)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t charge = pages(row * Height);
+    uint64_t charge = hami_pages(row * Height);
     if (hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
@@ -121,7 +113,7 @@ HAMI_HOOK(CUresult, cuMemAllocPitch_v2,
         return rc;
     }
     /* Settle to the pitch the driver chose. */
-    uint64_t actual = pages((uint64_t)*pPitch * Height);
+    uint64_t actual = hami_pages((uint64_t)*pPitch * Height);
     if (actual > charge && hami_mem_charge(index, actual - charge) < 0) {
         __typeof__(&cuMemFree_v2) release = HAMI_REAL(cuMemFree_v2);
         if (release)
@@ -287,7 +279,7 @@ static CUresult pool_alloc(enum async_call which, CUdeviceptr *dptr, size_t byte
     uint64_t used = 0;
     pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
     uint64_t spare = rec->charged > used ? rec->charged - used : 0;
-    uint64_t upfront = bytes > spare ? pages(bytes) : 0;
+    uint64_t upfront = bytes > spare ? hami_pages(bytes) : 0;
     if (hami_mem_charge(rec->index, upfront) < 0) {
         pthread_mutex_unlock(&rec->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -341,7 +333,7 @@ static CUresult pool_alloc_or_plain(enum async_call which, CUdeviceptr *dptr, si
     if (rc != CUDA_ERROR_OUT_OF_MEMORY || !dptr || bytes == 0)
         return rc;
     __typeof__(&cuMemAlloc_v2) plain = HAMI_REAL(cuMemAlloc_v2);
-    uint64_t charge = pages(bytes);
+    uint64_t charge = hami_pages(bytes);
     if (!plain || hami_mem_charge(index, charge) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUcontext ctx = NULL;
@@ -741,7 +733,7 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format format,
             return UINT64_MAX;
         total *= dims[i];
     }
-    return pages(total);
+    return hami_pages(total);
 }
 
 static CUresult array_charged(int index, uint64_t charge, CUresult rc, CUarray *pHandle,

@@ -9,7 +9,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#define PAGE (2ull << 20)
 #define INSTANTIATE_FLAG_UPLOAD 2ull     /* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD */
 
 /* Per region device: the reservation charged, and the trim generation. An executable
@@ -29,11 +28,6 @@ struct graph_exec {
     int committed;
     uint64_t generation;
 };
-
-static uint64_t pages(uint64_t bytes)
-{
-    return bytes > UINT64_MAX - PAGE ? UINT64_MAX : (bytes + PAGE - 1) / PAGE * PAGE;
-}
 
 static uint64_t graph_attr(CUdevice dev, CUgraphMem_attribute attr, uint64_t fallback)
 {
@@ -73,7 +67,7 @@ static uint64_t graph_need(CUgraph graph)
             CUDA_MEM_ALLOC_NODE_PARAMS params;
             if (get_type(nodes[i], &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_MEM_ALLOC &&
                 get_alloc(nodes[i], &params) == CUDA_SUCCESS)
-                need += pages(params.bytesize);
+                need += hami_pages(params.bytesize);
         }
     }
     free(nodes);
@@ -99,7 +93,7 @@ static CUresult charged_commit(int index, CUdevice dev, uint64_t need, const str
     uint64_t reserved = graph_devs[index].charged;
     uint64_t used = graph_attr(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, reserved);
     uint64_t idle = reserved > used ? reserved - used : 0;
-    uint64_t upfront = need > idle ? pages(need - idle) : 0;
+    uint64_t upfront = need > idle ? hami_pages(need - idle) : 0;
     if (upfront && hami_mem_charge(index, upfront) < 0) {
         hami_info("device %d: a graph's %llu bytes of memory would pass the limit: refused", index,
                   (unsigned long long)need);

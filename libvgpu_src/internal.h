@@ -19,6 +19,16 @@ static inline int64_t hami_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* The driver hands out device memory in whole 2 MiB pages; charging the same keeps
+ * what the host sees for the container within the limit. */
+#define HAMI_PAGE (2ull << 20)
+
+/* `bytes` rounded up to whole pages (saturating). */
+static inline uint64_t hami_pages(uint64_t bytes)
+{
+    return bytes > UINT64_MAX - HAMI_PAGE ? UINT64_MAX : (bytes + HAMI_PAGE - 1) / HAMI_PAGE * HAMI_PAGE;
+}
+
 /* Sleeps `ns`, brought within [min_ns, max_ns]. */
 static inline void hami_sleep_ns(int64_t ns, int64_t min_ns, int64_t max_ns)
 {
