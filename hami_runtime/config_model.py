@@ -92,6 +92,10 @@ class NodeConfig(Strict):
     allow_chroot: bool = Field(
         False, description="GPU containers keep CAP_SYS_CHROOT; false (the default): it is taken from "
         "every capability set, as a chroot into a tree without /etc/ld.so.preload runs unlimited")
+    create_server_idle_s: int = Field(
+        300, ge=0, le=86400, description="a GPU create through the launcher is served by a Python that "
+        "has loaded the runtime already (the create server), which ends after this many seconds without "
+        "a create; 0: none, every GPU create starts its own Python")
     hook_command: list[str] = Field(
         default_factory=list, description="argv of the OCI hook, absolute path first; empty: the "
         "launcher's own createRuntime hook, and this Python's hami_hook")

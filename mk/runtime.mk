@@ -50,9 +50,10 @@ $(BUILD)/runtime-tests/cuda_alloc: tests/runtime/cuda_alloc.c libvgpu_src/cuda_a
 # launcher looks for in a spec is the Python side's, written as a header.
 build: $(BUILD)/hami-runtime
 LAUNCHER_SRC := hami_runtime/launcher/hami-runtime.c hami_runtime/launcher/config.c \
-	hami_runtime/launcher/hook.c hami_runtime/launcher/ids.c hami_runtime/launcher/spec_scan.c
+	hami_runtime/launcher/hook.c hami_runtime/launcher/ids.c hami_runtime/launcher/spec_scan.c \
+	hami_runtime/launcher/server_client.c
 LAUNCHER_HDR := hami_runtime/launcher/config.h hami_runtime/launcher/hook.h \
-	hami_runtime/launcher/ids.h hami_runtime/launcher/spec_scan.h
+	hami_runtime/launcher/ids.h hami_runtime/launcher/spec_scan.h hami_runtime/launcher/server_client.h
 LAUNCHER_KEYS := $(BUILD)/launcher/spec_keys.h
 LAUNCHER_CC := $(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden \
 	-I$(abspath $(BUILD))/launcher

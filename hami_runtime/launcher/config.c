@@ -2,7 +2,7 @@
  * The node config (HAMI_CONFIG, else the install's, /etc/hami/config.toml), as far as the
  * launcher reads it: top-level `runtime` (a string or a one-line array of
  * strings) and `state_dir` (a string), each an absolute path without escapes,
- * before the first table. Anything else there is "not understood", and the
+ * and `create_server_idle_s` (decimal digits), before the first table. Anything else there is "not understood", and the
  * caller leaves the decision to the Python runtime, which reads the whole file.
  */
 #include "config.h"
@@ -124,4 +124,20 @@ int config_state_dir(char *out, size_t size)
         return -1;
     s = skip_blank(s);
     return (*s == '\n' || *s == '\0' || *s == '#' || *s == '\r') ? 0 : -1;
+}
+
+int config_server_idle_s(void)
+{
+    const char *s;
+    int found = top_level("create_server_idle_s", &s);
+    if (found == 1)
+        return DEFAULT_SERVER_IDLE_S;
+    if (found != 0 || *s < '0' || *s > '9')
+        return -1;
+    long value = 0;
+    for (; *s >= '0' && *s <= '9'; s++)
+        if ((value = value * 10 + (*s - '0')) > 86400)
+            return -1;
+    s = skip_blank(s);
+    return (*s == '\n' || *s == '\0' || *s == '#' || *s == '\r') ? (int)value : -1;
 }

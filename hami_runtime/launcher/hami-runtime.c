@@ -8,16 +8,18 @@
  * (spec_scan.c: no request key, env request or dockerd GPU hook, and nothing
  * it cannot read exactly as Python would), with runc's flags only and a valid
  * id: the Python runtime would pass it through untouched (the first such
- * create on a state dir without the validated config starts a detached,
- * low-priority warm-up of the caches a GPU create reads). delete runs the real
+ * create on a state dir that never had a create server starts one, detached
+ * and at low priority; with the server off, a warm-up of the caches a GPU
+ * create reads). delete runs the real
  * runtime's delete and returns its status at once; where the state dir holds
  * the id's allocation dirs, the allocation is then freed by a detached Python
  * release (stdio on /dev/null), and by any later allocator transaction in any
  * case, since an allocation whose container runc removed is dead by the
  * allocator's rule. Every other create/run, and anything this launcher does
  * not fully understand (an unusual config, a runtime that is this program),
- * goes to the Python runtime, which decides and reports errors as usual.
- * `hami-hook` is the createRuntime hook (hook.c).
+ * goes to the Python runtime, which decides and reports errors as usual: the
+ * create server's, where one answers (server_client.c), else a Python of its
+ * own. `hami-hook` is the createRuntime hook (hook.c).
  *
  * Built with HAMI_PYTHONPATH (make build: this tree and its virtual
  * environment's site-packages; make install: the installed environment's
@@ -35,6 +37,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <time.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -44,6 +47,7 @@
 #include "config.h"
 #include "hook.h"
 #include "ids.h"
+#include "server_client.h"
 #include "spec_scan.h"
 
 #ifndef HAMI_PYTHON
@@ -270,11 +274,12 @@ static void wait_for_end(pid_t pid, int ms)
 }
 
 /* Python with `flag` set in its env, detached: the caller does not wait for
- * it, and it holds none of the caller's pipes (stdio on /dev/null). With
+ * it, and it holds none of the caller's fds (stdio on /dev/null) but
+ * `keep_fd` (>= 0), which it gets as fd 3. With
  * `idle`, it runs only while a CPU is idle (SCHED_IDLE; where that is refused,
  * at nice 19), once the caller (then what it execs) has ended or `after_ms`
  * have passed. */
-static void python_detached(char **argv, const char *flag, int idle, int after_ms)
+static void python_detached(char **argv, const char *flag, int idle, int after_ms, int keep_fd)
 {
     pid_t caller = getpid();
     pid_t child = fork();
@@ -291,7 +296,9 @@ static void python_detached(char **argv, const char *flag, int idle, int after_m
             if (null > 2)
                 close(null);
         }
-        close_from(3); /* the engine's pipes and preserved fds are not its to hold */
+        if (keep_fd >= 0) /* as its fd 3 */
+            keep_fd = keep_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(keep_fd, 3);
+        close_from(keep_fd >= 0 ? 4 : 3); /* the engine's pipes and preserved fds are not its to hold */
         setenv(flag, "1", 1);
         if (idle) {
             struct sched_param none = {0};
@@ -332,7 +339,77 @@ static void warm_up_once(char *argv0)
     close(fd);
     char *args[] = {argv0, NULL}; /* no command: without the flag, runc's help */
     /* behind whatever the node runs now, and after runc's create (a run's: 2 s at most) */
-    python_detached(args, WARM_UP_ENV, 1, 2000);
+    python_detached(args, WARM_UP_ENV, 1, 2000, -1);
+}
+
+/* <state dir>/`name` where the config has the create server on; -1 otherwise. */
+static int server_file(const char *name, char *out, size_t size)
+{
+    char state[PATH_MAX];
+    if (config_server_idle_s() <= 0 || config_state_dir(state, sizeof state) < 0)
+        return -1;
+    return snprintf(out, size, "%s/%s", state, name) < (int)size ? 0 : -1;
+}
+
+/*
+ * Starts the create server (create_server.py), detached and idle, once this
+ * command has ended, where no server holds the state dir's server lock: it
+ * gets the lock, taken, so that however many creates find none, one starts.
+ */
+static void start_server(char *argv0)
+{
+    char state[PATH_MAX], dir[PATH_MAX], lock[PATH_MAX];
+    if (server_file("", state, sizeof state) != 0 || server_file(SERVER_DIR, dir, sizeof dir) != 0 ||
+        server_file(SERVER_LOCK, lock, sizeof lock) != 0 ||
+        (mkdir(state, 0755) != 0 && errno != EEXIST) || (mkdir(dir, 0700) != 0 && errno != EEXIST))
+        return;
+    int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        char *args[] = {argv0, NULL};
+        python_detached(args, SERVER_ENV, 1, 2000, fd);
+    }
+    close(fd);
+}
+
+/*
+ * A create or run through the create server: execs the runtime it names, or
+ * exits with its status. Returns where none answered (the caller runs Python
+ * itself), having started one for the creates to come.
+ */
+static void through_server(char **argv)
+{
+    static const int stdio[3] = {0, 1, 2};
+    char socket_path[PATH_MAX], runtime[PATH_MAX];
+    int status;
+    if (server_file(SERVER_SOCKET, socket_path, sizeof socket_path) != 0)
+        return;
+    switch (server_request(socket_path, argv, stdio, runtime, sizeof runtime, &status)) {
+    case SERVED_EXEC:
+        unsetenv(LAUNCHER_ENV);
+        argv[0] = runtime;
+        execv(runtime, argv);
+        fprintf(stderr, "hami-runtime: runtime=%s: %s\n", runtime, strerror(errno));
+        exit(1);
+    case SERVED_EXIT:
+        exit(status);
+    default:
+        start_server(argv[0]);
+    }
+}
+
+/* Ahead of GPU creates, from one that asks for none: the create server
+ * started on a state dir that never had one (its socket stays when it ends
+ * idle: then a GPU create starts it again), else the warm-up of the caches. */
+static void ahead_of_gpu_creates(char *argv0)
+{
+    char socket_path[PATH_MAX];
+    struct stat st;
+    if (server_file(SERVER_SOCKET, socket_path, sizeof socket_path) != 0)
+        warm_up_once(argv0);
+    else if (lstat(socket_path, &st) != 0)
+        start_server(argv0);
 }
 
 /*
@@ -393,7 +470,7 @@ static int delete_then_release(const char *runtime, int argc, char **argv, int a
         if (errno != EINTR)
             return 1;
     if (may_hold_allocation(argc, argv, at))
-        python_detached(argv, DELETE_DONE_ENV, 0, 0); /* the next allocator transaction frees it otherwise */
+        python_detached(argv, DELETE_DONE_ENV, 0, 0, -1); /* the next allocator transaction frees it otherwise */
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -416,13 +493,14 @@ int main(int argc, char **argv)
         const char *bundle, *id, *runtime;
         if (create_args(argc, argv, at, &bundle, &id) == 0 && valid_container_id(id) &&
             spec_asks_nothing(bundle) && (runtime = find_runtime()) != NULL) {
-            warm_up_once(argv[0]);
+            ahead_of_gpu_creates(argv[0]);
             argv[0] = (char *)runtime;
             execv(runtime, argv);
         }
         char exe[PATH_MAX];
         if (realpath("/proc/self/exe", exe))
             setenv(LAUNCHER_ENV, exe, 1); /* the createRuntime hook can be this program */
+        through_server(argv);
         run_python(argv);
     }
 

@@ -12,6 +12,8 @@
 /* Set for the detached warm-up a create that asks for no GPU starts on a fresh
  * state dir: the Python runtime then only fills its caches (cli.py). */
 #define WARM_UP_ENV "HAMI_WARM_UP"
+/* Set for the create server the launcher starts (create_server.py). */
+#define SERVER_ENV "HAMI_CREATE_SERVER"
 
 /* argv after the subcommand; returns the exit status. */
 int hook_main(int argc, char **argv);

@@ -230,17 +230,18 @@ def _holds_and_runs(state, runc_root: str):
     return running
 
 
-def prepare(cfg: Config, inv, launcher=None) -> bool:
+def prepare(cfg: Config, inv, launcher=None, creator=None) -> bool:
     """True when the spec was edited for a GPU request; False when it had none
     and stays byte for byte as it came (but for dockerd's GPU hook, which never
-    stays). `launcher`: the C launcher that started this process, if any."""
+    stays). `launcher`: the C launcher that started this process, if any;
+    `creator`: the pid that becomes runc (this process unless given)."""
     cid = check_container_id(inv.container_id)
     spec = spec_io.load(inv.bundle)
     gpu_hooks = docker_gpus.gpu_hooks(spec)
     if gpu_hooks and not cfg.env_requests:
         raise HamiError("docker --gpus", " ".join(gpu_hooks[0].get("args") or []),
                         "this node takes no env requests (config env_requests = false)")
-    if _prepare(cfg, cid, inv, spec, launcher):
+    if _prepare(cfg, cid, inv, spec, launcher, os.getpid() if creator is None else creator):
         return True
     if gpu_hooks:
         spec_io.write(inv.bundle, docker_gpus.without_gpu_hooks(spec))
@@ -248,7 +249,7 @@ def prepare(cfg: Config, inv, launcher=None) -> bool:
     return False
 
 
-def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
+def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool:
     bundle = inv.bundle
     annotations = spec.get("annotations") or {}
     env = (spec.get("process") or {}).get("env") or []
@@ -283,7 +284,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher) -> bool:
     capabilities = driver_capabilities.parse(requests.env_map(env).get(driver_capabilities.VARIABLE))
     driver_files = distinct_files(driver_capabilities.chosen(discovery_cache.driver_files(cfg), capabilities))
     name = state_layout.alloc_name(inv.root, cid)
-    creator = {"pid": os.getpid(), "start": process_start(os.getpid())}
+    creator = {"pid": pid, "start": process_start(pid)}
     request, how, refusal = plan.request, plan.why, None
     with store.transaction(cfg.state_dir) as state:
         if name in state.allocations or name in state.invalid:

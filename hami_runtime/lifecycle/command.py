@@ -1,0 +1,73 @@
+"""One command of runc's command line, as hami-runtime runs it: create/run
+allocate and edit the spec, delete releases, everything else becomes runc at
+once. Run in a Python of its own (hami_runtime/cli.py) or in a child of the create server.
+
+The import path stays light (no pydantic, pynvml, jsonschema) until a
+create or run needs them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import argv as argv_mod
+from .. import config
+from ..errors import HamiError, report
+
+LAUNCHER_ENV = "HAMI_LAUNCHER"  # hami_runtime/launcher/hook.h
+
+
+def run(argv: list, creator: int, become) -> int:
+    """One command of runc's command line: its exit status, or
+    become(runtime, argv) where the real runtime takes over (os.execv, or the
+    create server's answer to the launcher, which execs it). `creator`: the
+    process that becomes the runtime (a create's allocation lives while it does)."""
+    # Set by the C launcher for create/run; not passed on to runc.
+    launcher = os.environ.pop(LAUNCHER_ENV, None)
+    inv = cfg = None
+    try:
+        inv = argv_mod.parse(argv)
+        # runc prints its version for --version and runs no subcommand
+        shown = ("version" in inv.global_flags or "v" in inv.global_flags) and _print_version(inv)
+        cfg = config.load()
+        runtime = config.real_runtime(cfg)
+        if shown:
+            pass
+        elif inv.command in ("create", "run"):
+            from .create import prepare
+            prepare(cfg, inv, launcher, creator)
+        elif inv.command == "delete":
+            from .delete import delete
+            return delete(cfg, inv, runtime)
+        become(runtime, [runtime] + argv)
+        return 0
+    except HamiError as exc:
+        if exc.field.startswith("config ") or exc.field == "NVML":
+            from ..config_origin import explain
+            exc = explain(exc, cfg.path if cfg is not None else None)
+        return _refused(exc.line(), inv, cfg)
+    except OSError as exc:
+        return _refused(f"{exc.filename or 'runtime'}: {exc.strerror}", inv, cfg)
+    except Exception as exc:  # still one line for the engine, never a traceback
+        return _refused(" ".join(f"internal error: {type(exc).__name__}: {exc}".split()), inv, cfg)
+
+
+def _refused(message: str, inv, cfg) -> int:
+    """One line to the caller (stderr, the engine's --log); a refused create or
+    run also to the runtime's own log."""
+    report(message, inv.log_path if inv else None, inv.log_format if inv else "text")
+    if inv is not None and inv.command in ("create", "run"):
+        from .refusal_log import record
+        record(cfg, inv, message)
+    return 1
+
+
+def _print_version(inv) -> bool:
+    """Ours first, then runc's lines (tools that parse runc's read its "runc
+    version" line, the last that says version)."""
+    from ..version import line, wants_version
+    if not wants_version(inv):
+        return False
+    sys.stdout.write(line() + "\n")
+    sys.stdout.flush()
+    return True

@@ -1,0 +1,279 @@
+"""The create server: a Python that has loaded the runtime already, so that a
+GPU create through the launcher costs a fork instead of an interpreter start
+and its imports (on a node, the larger part of a create).
+
+The launcher starts it, detached, from a create that found none answering
+(hami_runtime/launcher/server_client.c), handing it the lock
+<state_dir>/server/lock already taken, so that one server at most runs per
+state dir. It imports every module of the runtime, has the caches a create
+reads filled (the config validated; the GPUs and driver files discovered, in a
+child of its own: NVML never starts in the process that forks), then listens
+on <state_dir>/server/socket (0600, in the host-only state dir).
+
+A request is a launcher's whole command: its argv, env, cwd, umask and its
+stdin, stdout and stderr (passed as fds). For each, the server forks; the
+child takes on those, runs the command as `python -m hami_runtime` would
+(command.run), with the launcher's pid as the create's (the process that becomes
+runc), and answers "exec this runtime", "exit with this status" or "do it
+yourself" (a request it will not serve: another uid, another mount namespace or
+root, another protocol). The launcher then execs runc itself, so the engine's
+child is runc as before. Nothing in a request widens what the launcher could do
+alone: the peer is a process of our own uid (SO_PEERCRED) that could run the
+same command directly.
+
+It ends after create_server_idle_s without a request, when its socket is no
+longer the one it bound (the state dir removed, or a newer server), or when a
+file of its code changed (the next create runs Python and starts a new one).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import importlib
+import os
+import pkgutil
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+
+PROTOCOL = b"hami-create-1"       # hami_runtime/launcher/server_client.c
+SERVER_DIR = "server"
+SOCKET_NAME = "socket"
+LOCK_NAME = "lock"
+LOCK_FD = 3                        # where the launcher hands the lock over
+MAX_REQUEST = 4 << 20              # argv and env: above the kernel's exec limit
+TICK_S = 1.0
+EXEC, EXIT, DECLINED = b"E", b"X", b"F"
+
+
+def socket_path(state_dir: str) -> str:
+    return os.path.join(state_dir, SERVER_DIR, SOCKET_NAME)
+
+
+def lock_path(state_dir: str) -> str:
+    return os.path.join(state_dir, SERVER_DIR, LOCK_NAME)
+
+
+def serve() -> int:
+    from .. import config
+    try:
+        cfg = config.load()
+    except Exception:  # the create that needs it reports it
+        return 1
+    if not cfg.create_server_idle_s or not _holds_lock(cfg.state_dir):
+        return 1
+    code = _load_everything()
+    _warm_caches()
+    listener = _listen(socket_path(cfg.state_dir))
+    bound = os.stat(socket_path(cfg.state_dir))
+    _normal_priority()
+    signal.signal(signal.SIGCHLD, _reap)
+    gc.freeze()  # what the imports made stays shared with the children
+    gc.enable()  # a long life: its exceptions' cycles are collected
+    last = time.monotonic()
+    while True:  # it ends leaving its socket: a create that asks for no GPU then starts none
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            if time.monotonic() - last > cfg.create_server_idle_s or \
+                    not _still_ours(cfg.state_dir, bound) or _changed(code):
+                return 0
+            continue
+        last = time.monotonic()
+        with conn:
+            if _changed(code) or not _still_ours(cfg.state_dir, bound):
+                conn.sendall(DECLINED)
+                return 0
+            if os.fork() == 0:
+                listener.close()
+                _child(conn)
+
+
+def _reap(*_) -> None:
+    """Waits for the children that have ended, as they end (so their CPU time
+    counts in this process's children's, as a create's would in its engine's)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _holds_lock(state_dir: str) -> bool:
+    """fd 3 is the state dir's server lock, taken (the launcher took it)."""
+    try:
+        held, named = os.fstat(LOCK_FD), os.stat(lock_path(state_dir), follow_symlinks=False)
+        fcntl.flock(LOCK_FD, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    os.set_inheritable(LOCK_FD, False)  # the children never hold it
+    return stat.S_ISREG(named.st_mode) and (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+
+
+def _load_everything() -> list:
+    """Imports every module of the runtime (but its tools and its __main__),
+    pydantic's model included; returns the identity of their files."""
+    import hami_runtime
+    from .. import config_model  # noqa: F401
+    from . import command  # noqa: F401
+    for info in pkgutil.walk_packages(hami_runtime.__path__, "hami_runtime."):
+        if not info.name.startswith("hami_runtime.tools") and not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    files = [m.__file__ for name, m in list(sys.modules.items())
+             if name.startswith("hami_runtime") and getattr(m, "__file__", None)]
+    return [(path, _identity(path)) for path in files]
+
+
+def _identity(path: str):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _changed(code: list) -> bool:
+    return any(_identity(path) != identity for path, identity in code)
+
+
+def _warm_caches() -> None:
+    """The warm-up, in a child: discovery may start NVML, which a process that
+    forks must not have started."""
+    pid = os.fork()
+    if pid == 0:
+        from .warm_up import warm_up
+        os._exit(warm_up())
+    os.waitpid(pid, 0)
+
+
+def _listen(path: str) -> socket.socket:
+    """Bound under a name of its own, then renamed over `path`: a stale socket
+    of a server that died is replaced at once."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fresh = f"{path}.{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)
+    try:
+        listener.bind(fresh)
+        listener.listen(128)
+        os.rename(fresh, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(fresh)
+        raise
+    finally:
+        os.umask(old)
+    listener.settimeout(TICK_S)
+    return listener
+
+
+def _still_ours(state_dir: str, bound) -> bool:
+    try:
+        st = os.stat(socket_path(state_dir), follow_symlinks=False)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (bound.st_dev, bound.st_ino)
+
+
+def _normal_priority() -> None:
+    """The launcher starts the server idle (behind whatever the node runs);
+    serving, it forks at once. Each child then takes on its launcher's."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass  # not allowed: it stays where it was
+
+
+def _child(conn: socket.socket) -> None:
+    """Serves one request and ends the process. Without an answer (this
+    process died before it could give one), the launcher runs the command itself."""
+    gc.disable()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a delete waits for runc
+    try:
+        request = _receive(conn)
+    except (OSError, ValueError):
+        request = None
+    try:
+        answer = DECLINED if request is None else _run(*request)
+        conn.sendall(answer)
+    finally:
+        os._exit(0)
+
+
+def _receive(conn: socket.socket):
+    """(pid, fds, cwd, umask, argv, env) of a request this server serves, or None."""
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    conn.settimeout(10.0)
+    data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
+    fds = [fd for level, kind, payload in ancillary
+           if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+           for fd in struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4])]
+    if uid != os.geteuid() or pid <= 0 or len(fds) != 3 or not _same_world(pid) or len(data) < 4:
+        return None
+    size = struct.unpack("<I", data[:4])[0]
+    if size > MAX_REQUEST:
+        return None
+    parts = [data[4:]]
+    received = len(data) - 4
+    while received < size:
+        chunk = conn.recv(min(1 << 20, size - received))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        received += len(chunk)
+    fields = b"".join(parts).split(b"\0")
+    if len(fields) < 5 or fields[0] != PROTOCOL or fields[-1] != b"":
+        return None
+    cwd, umask, argc = fields[1], int(fields[2], 8), int(fields[3])
+    if not 1 <= argc <= len(fields) - 5:
+        return None
+    argv = [os.fsdecode(a) for a in fields[4:4 + argc]]
+    env = [e.partition(b"=") for e in fields[4 + argc:-1]]
+    return pid, fds, cwd, umask, argv, {k: v for k, sep, v in env if k and sep}
+
+
+def _same_world(pid: int) -> bool:
+    """The launcher sees the files as we do: our mount namespace and root."""
+    try:
+        return all(os.stat(f"/proc/{pid}/{what}").st_ino == os.stat(f"/proc/self/{what}").st_ino and
+                   os.stat(f"/proc/{pid}/{what}").st_dev == os.stat(f"/proc/self/{what}").st_dev
+                   for what in ("ns/mnt", "root"))
+    except OSError:
+        return False
+
+
+def _run(pid: int, fds: list, cwd: bytes, umask: int, argv: list, env: dict) -> bytes:
+    """Becomes the launcher's command's Python: its stdio, cwd, umask, env and
+    scheduling; runs it; the answer for the launcher."""
+    from . import command
+    _scheduling_of(pid)
+    os.umask(umask)
+    os.chdir(cwd)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environb.clear()
+    os.environb.update(env)
+    runtime = []
+    try:
+        status = command.run(argv[1:], pid, lambda path, _argv: runtime.append(path))
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass
+    if runtime and status == 0:
+        return EXEC + os.fsencode(runtime[0])
+    return EXIT + str(status).encode()
+
+
+def _scheduling_of(pid: int) -> None:
+    try:
+        os.sched_setscheduler(0, os.sched_getscheduler(pid), os.sched_getparam(pid))
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, pid))
+    except OSError:
+        pass
