@@ -1,8 +1,12 @@
 """Paths and helpers every test directory shares."""
 import functools
+import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
@@ -83,3 +87,20 @@ def cycles(graph: dict) -> list:
         if node not in index:
             visit(node)
     return found
+
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_create_server_left(tmp_path_factory):
+    """The create servers the launcher started for this session's nodes end
+    (each ends once its socket goes, or idle, too): none is left running."""
+    yield
+    base = os.fsencode(tmp_path_factory.getbasetemp()) + b"/"
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                env = handle.read().split(b"\0")
+            if b"HAMI_CREATE_SERVER=1" in env and any(e.startswith(b"HAMI_CONFIG=" + base) for e in env):
+                os.kill(int(pid), signal.SIGTERM)
+        except OSError:
+            continue

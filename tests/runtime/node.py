@@ -220,5 +220,7 @@ class Node:
             subprocess.run([RUNC, "--root", str(self.runc_root), "delete", "-f", cid],
                            capture_output=True, timeout=TIMEOUT)
         self.pids.stop()
+        # a create server the launcher started ends within a second of its socket's removal
+        (self.state_dir / "server" / "socket").unlink(missing_ok=True)
 
 

@@ -247,19 +247,28 @@ def test_delete_starts_python_only_for_an_allocation(node, annotations, python):
     assert (node.state_dir / "allocations.lock").exists() == python
 
 
-def test_a_fresh_state_dir_is_warmed_by_a_create_without_request(node):
+# With the create server (the default), it warms the caches as it starts; without, the one-off warm-up.
+WARMERS = [({}, "server/socket"), ({"create_server_idle_s": 0}, "cache/.warm-up")]
+
+
+@pytest.mark.parametrize("keys,mark", WARMERS, ids=["server", "warm-up"])
+def test_a_fresh_state_dir_is_warmed_by_a_create_without_request(node, keys, mark):
     """The first create on a fresh state dir that starts no Python (it asks for
-    no GPU) starts the warm-up, detached: the config validated and the GPUs and
-    driver files found, so that the next GPU create loads neither pydantic nor
-    NVML; it is started once per state dir."""
+    no GPU) starts the create server, or the warm-up, detached: the config
+    validated and the GPUs and driver files found, so that the next GPU create
+    loads neither pydantic nor NVML; it is started once per state dir."""
     from .test_discovery_cache import probe
+    node.write_config(**keys)
     settled(node)
     assert not node.state_dir.exists()
     for cid in ("w1", "w2"):
         bundle = node.bundle(cid, args=("true",))
         assert node.create(cid, bundle, cmd=[str(LAUNCHER)]).returncode == 0
     assert warmed(node)
-    assert (node.state_dir / "cache" / ".warm-up").is_file()
+    deadline = time.monotonic() + 60
+    while not (node.state_dir / mark).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (node.state_dir / mark).exists()
     found = probe(node)
     assert not found["nvml"] and not found["ldconfig"] and len(found["gpus"]) == 2
     (node.state_dir / "cache" / "config.json").unlink()
@@ -281,9 +290,11 @@ def holders(inode: str) -> set:
     return found
 
 
-def test_the_warm_up_holds_none_of_the_engines_fds(node):
+@pytest.mark.parametrize("keys,mark", WARMERS, ids=["server", "warm-up"])
+def test_the_warm_up_holds_none_of_the_engines_fds(node, keys, mark):
     """A pipe the engine passes the create (here as fd 3) is not kept open by
-    the detached warm-up: the engine sees its end as soon as runc is done."""
+    the detached server or warm-up: the engine sees its end as soon as runc is done."""
+    node.write_config(**keys)
     settled(node)
     bundle = node.bundle("fds", args=("true",))
     read_end, write_end = os.pipe()
@@ -295,6 +306,10 @@ def test_the_warm_up_holds_none_of_the_engines_fds(node):
         assert proc.returncode == 0
         assert holders(inode) == set()
         assert warmed(node)
+        deadline = time.monotonic() + 60
+        while not (node.state_dir / mark).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert holders(inode) == set()
     finally:
         os.close(read_end)
         os.close(write_end)

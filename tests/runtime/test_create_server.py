@@ -1,0 +1,354 @@
+"""The create server (hami_runtime/lifecycle/create_server.py): started by the
+launcher, it serves later GPU creates as their own Python would, to the
+launcher's process (its pid, stdio, cwd, env), and steps aside whenever it
+cannot: through the real launcher and real runc on the simulated GPU."""
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from hami_runtime.lifecycle import create_server
+
+from .node import LAUNCHER
+from .test_launcher_fastpath import holders, settled, warmed
+
+pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
+
+GPU = {"hami.io/gpumem": "100", "hami.io/gpucores": "30"}
+
+
+def configure(node, **keys):
+    """The node's config with its log (whose lines name the pid that wrote
+    them) and `keys`, old enough for the config cache."""
+    node.write_config(log_file=str(node.tmp / "hami.log"), **keys)
+    settled(node)
+
+
+def server_pids(node) -> list:
+    """The create servers this node's launcher started (their env names its config)."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                env = handle.read().split(b"\0")
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rpartition(b")")[2].split()[0] == b"Z":
+                    continue
+        except OSError:
+            continue
+        if b"HAMI_CREATE_SERVER=1" in env and f"HAMI_CONFIG={node.config}".encode() in env:
+            found.append(int(pid))
+    return found
+
+
+def no_requests_in_flight(node, timeout=30.0) -> bool:
+    """Waits until the node's servers have no child (no request being served)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not any(open(f"/proc/{pid}/task/{pid}/children").read().split() for pid in server_pids(node)):
+                return True
+        except OSError:
+            pass
+        time.sleep(0.02)
+    return False
+
+
+def socket_path(node):
+    return create_server.socket_path(str(node.state_dir))
+
+
+def answering(node, timeout=60.0) -> bool:
+    """Waits until the node's server accepts connections."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(socket_path(node))
+                return True
+            except OSError:
+                time.sleep(0.05)
+    return False
+
+
+def ended(pids, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(os.path.exists(f"/proc/{pid}") and
+                   open(f"/proc/{pid}/stat", "rb").read().rpartition(b")")[2].split()[0] != b"Z"
+                   for pid in pids if os.path.exists(f"/proc/{pid}")):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def create(node, cid, bundle, *flags, cwd=None):
+    """A create through the launcher: (returncode, stderr, the launcher's pid, the
+    pid in the log line its Python wrote)."""
+    log_file = node.tmp / "hami.log"
+    before = log_file.read_text() if log_file.exists() else ""
+    err = node.tmp / f"{cid}.err"
+    with open(err, "wb") as errors:
+        proc = subprocess.Popen([str(LAUNCHER), "--root", str(node.runc_root), *flags, "create", "--bundle",
+                                 str(bundle), cid], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=errors, env=node.env, cwd=cwd or node.tmp)
+        rc = proc.wait(60)
+    logged = log_file.read_text()[len(before):] if log_file.exists() else ""
+    pids = re.findall(r" pid=(\d+) " + re.escape(cid) + ":", logged)
+    return rc, err.read_text(), proc.pid, int(pids[-1]) if pids else None
+
+
+@pytest.fixture
+def served(node):
+    """A node whose server answers (a first GPU create started it)."""
+    configure(node)
+    rc, err, _, _ = create(node, "first", node.bundle("first", GPU, args=("true",)))
+    assert rc == 0, err
+    assert answering(node)
+    node.runtime("delete", "-f", "first", cmd=[str(LAUNCHER)])
+    assert released(node)
+    return node
+
+
+def released(node, timeout=10.0) -> bool:
+    """Waits until the detached release after a delete has freed every allocation."""
+    deadline = time.monotonic() + timeout
+    while node.allocations() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return node.allocations() == {}
+
+
+def test_a_gpu_create_is_served_once_a_server_runs(node):
+    """The first GPU create runs its own Python and starts the server; the next
+    is served: by another process than the launcher, with the launcher's pid as
+    the allocation's creator (it becomes runc), and the same spec."""
+    configure(node)
+    specs = {}
+    for round_ in ("alone", "served"):
+        bundle = node.bundle(f"c-{round_}", GPU, args=("true",))
+        rc, err, pid, logged_pid = create(node, "c", bundle)
+        assert rc == 0, err
+        assert (logged_pid == pid) == (round_ == "alone")
+        assert node.allocations()["c"]["creator"]["pid"] == pid
+        specs[round_] = re.sub(r'created_at\\*": [0-9.e+]+', "", (bundle / "config.json").read_text())
+        assert node.runtime("delete", "c", cmd=[str(LAUNCHER)]).returncode == 0
+        assert answering(node)
+        assert released(node)
+    assert specs["served"] == specs["alone"]
+    assert len(server_pids(node)) == 1
+
+
+REFUSALS = [
+    ("too-big", {"hami.io/gpumem": "99999999"}, ()),
+    ("bad-core-policy", {**GPU, "hami.io/core-policy": "fastest"}, ()),
+    ("json-log", {"hami.io/gpumem": "99999999"}, ("--log-format", "json")),
+]
+
+
+@pytest.mark.parametrize("name,annotations,flags", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_a_served_refusal_is_the_one_python_gives(served, name, annotations, flags):
+    """The same line on the launcher's stderr, the same exit status and the same
+    line in the engine's --log as without the server; nothing allocated."""
+    node = served
+    answers = {}
+    for how in ("served", "alone"):
+        if how == "alone":
+            configure(node, create_server_idle_s=0)
+        log = node.tmp / f"{name}-{how}.log"
+        rc, err, _, _ = create(node, f"{name}-{how}", node.bundle(f"{name}-{how}", annotations),
+                               "--log", str(log), *flags)
+        entry = log.read_text().strip() if log.exists() else ""
+        entry = json.loads(entry)["msg"] if "json" in flags else re.sub(r'time="[^"]*" ', "", entry)
+        answers[how] = (rc, err.replace(f"{name}-{how}", "ID"), entry.replace(f"{name}-{how}", "ID"))
+        assert node.allocations() == {}
+    assert answers["served"] == answers["alone"]
+    assert answers["served"][0] == 1 and answers["served"][1].startswith("hami-runtime: ")
+
+
+def test_a_relative_bundle_is_the_launchers_cwd(served):
+    node = served
+    bundle = node.bundle("rel", GPU, args=("true",))
+    rc, err, pid, logged_pid = create(node, "rel", os.path.relpath(bundle, node.tmp / "bundles"),
+                                      cwd=node.tmp / "bundles")
+    assert rc == 0, err
+    assert logged_pid != pid
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=100m" in (bundle / "config.json").read_text()
+
+
+def test_the_server_holds_none_of_the_engines_fds(served):
+    """A pipe the engine passes the create (fd 3 here) or gives as its stdout is
+    not kept by the server once the create returned."""
+    node = served
+    read_end, write_end = os.pipe()
+    inode = os.readlink(f"/proc/self/fd/{write_end}")
+    try:
+        proc = subprocess.run([str(LAUNCHER), "--root", str(node.runc_root), "create", "--bundle",
+                               str(node.bundle("fds", GPU, args=("true",))), "fds"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=node.env, pass_fds=(write_end,), timeout=60)
+        assert proc.returncode == 0
+        assert not holders(inode) & set(server_pids(node))
+        deadline = time.monotonic() + 10
+        while holders(inode) and time.monotonic() < deadline:  # the served child's exit
+            time.sleep(0.05)
+        assert holders(inode) == set()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def request(argv, env, fds=(0, 1, 2)) -> bytes:
+    """A request as the launcher makes it (server_client.c)."""
+    fields = [create_server.PROTOCOL, os.getcwd().encode(), b"22", str(len(argv)).encode()]
+    fields += [a.encode() for a in argv] + [f"{k}={v}".encode() for k, v in env.items()]
+    payload = b"".join(f + b"\0" for f in fields)
+    return struct.pack("<I", len(payload)) + payload, list(fds)
+
+
+CLIENT = """
+import os, socket, sys
+path, data, uid = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3])
+if uid:
+    os.setgid(uid); os.setuid(uid)
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    s.connect(path)
+    s.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(__import__('array').array('i', [0, 1, 2]))))])
+    answer = b""
+    while chunk := s.recv(4096):
+        answer += chunk
+print(answer.decode())
+"""
+
+
+@pytest.mark.parametrize("who", ["another uid", "another mount namespace"])
+def test_the_server_serves_only_its_own_kind(served, who):
+    """A process of another uid (were the socket's mode widened) or in another
+    mount namespace gets "F" and nothing is done for it."""
+    node = served
+    bundle = node.bundle("stranger", GPU, args=("true",))
+    data, _ = request([str(LAUNCHER), "--root", str(node.runc_root), "create", "--bundle", str(bundle), "x"],
+                      node.env)
+    argv = [sys.executable, "-c", CLIENT, socket_path(node), data.hex(), "0"]
+    with tempfile.TemporaryDirectory(dir="/tmp") as public:
+        if who == "another uid":  # a link to the socket where anyone may connect
+            os.chmod(public, 0o755)
+            os.link(socket_path(node), os.path.join(public, "socket"))
+            os.chmod(socket_path(node), 0o666)
+            argv[3], argv[-1] = os.path.join(public, "socket"), "65534"
+        else:
+            argv = ["unshare", "--mount"] + argv
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "F"
+    assert node.allocations() == {}
+    assert "CUDA_DEVICE" not in (bundle / "config.json").read_text()
+
+
+def test_a_request_of_another_protocol_is_declined(served):
+    node = served
+    data, _ = request(["x", "create"], {})
+    data = data.replace(create_server.PROTOCOL, b"hami-create-0")
+    proc = subprocess.run([sys.executable, "-c", CLIENT, socket_path(node), data.hex(), "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "F"
+
+
+@pytest.mark.parametrize("how", ["state dir removed", "killed"])
+def test_creates_go_on_when_the_server_is_gone(served, how):
+    """Its state dir removed, the server ends; killed, its socket is stale: the
+    next GPU create runs its own Python, and starts a server again."""
+    node = served
+    pids = server_pids(node)
+    if how == "killed":
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    else:
+        for name in os.listdir(node.state_dir / "server"):
+            os.unlink(node.state_dir / "server" / name)
+    assert ended(pids)
+    rc, err, pid, logged_pid = create(node, "after", node.bundle("after", GPU, args=("true",)))
+    assert rc == 0, err
+    assert logged_pid == pid
+    assert answering(node)
+    assert len(server_pids(node)) == 1 and not set(server_pids(node)) & set(pids)
+
+
+def test_an_idle_server_ends_and_a_gpu_create_starts_it_again(node):
+    """create_server_idle_s: the server ends that long after its last request,
+    its socket left behind, so a create without request starts none; a GPU
+    create does."""
+    configure(node, create_server_idle_s=1)
+    assert create(node, "g1", node.bundle("g1", GPU, args=("true",)))[0] == 0
+    assert answering(node)
+    pids = server_pids(node)
+    assert len(pids) == 1 and ended(pids, timeout=15)
+    assert os.path.exists(socket_path(node))
+    assert node.create("plain", node.bundle("plain", args=("true",)), cmd=[str(LAUNCHER)]).returncode == 0
+    time.sleep(2.5)
+    assert server_pids(node) == []
+    assert create(node, "g2", node.bundle("g2", GPU, args=("true",)))[0] == 0
+    assert answering(node)
+
+
+def test_no_server_where_the_config_says_none(node):
+    """create_server_idle_s = 0: every create runs its own Python, none starts a
+    server; a create without request on a fresh state dir starts the warm-up."""
+    configure(node, create_server_idle_s=0)
+    assert node.create("plain", node.bundle("plain", args=("true",)), cmd=[str(LAUNCHER)]).returncode == 0
+    assert warmed(node)
+    for cid in ("g1", "g2"):
+        rc, err, pid, logged_pid = create(node, cid, node.bundle(cid, GPU, args=("true",)))
+        assert rc == 0, err
+        assert logged_pid == pid
+    time.sleep(2.5)
+    assert server_pids(node) == []
+    assert not os.path.exists(socket_path(node))
+
+
+def test_racing_served_creates_never_overcommit(served):
+    """Ten creates served at once for 2000 MiB each of one 16384 MiB GPU:
+    exactly 8 get it, the rest are refused."""
+    node = served
+    uuid = json.loads(node.hamictl("gpus", "--json").stdout)[0]["uuid"]
+    procs = []
+    for i in range(10):  # stderr a file: a created container holds its stdio
+        with open(node.tmp / f"r{i}.err", "wb") as err:
+            procs.append(subprocess.Popen(
+                [str(LAUNCHER), "--root", str(node.runc_root), "create", "--bundle", str(node.bundle(
+                    f"r{i}", {"hami.io/gpumem": "2000", "hami.io/gpu-uuid": uuid}, args=("true",))), f"r{i}"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=node.env, cwd=node.tmp))
+    outcomes = {f"r{i}": (p.wait(120), (node.tmp / f"r{i}.err").read_text()) for i, p in enumerate(procs)}
+    granted = sorted(cid for cid, (rc, _) in outcomes.items() if rc == 0)
+    assert len(granted) == 8
+    assert sorted(node.allocations()) == granted
+    assert all("room" in err for rc, err in outcomes.values() if rc != 0)
+
+
+@pytest.mark.parametrize("delay", [0.005, 0.02, 0.06, 0.3])
+def test_a_served_create_killed_anywhere_leaks_nothing(served, tmp_path, delay):
+    """The launcher SIGKILLed while its create is served (or once it became a
+    slow runc): after the next operation, no allocation is left."""
+    node = served
+    slow = tmp_path / "slow-runc"
+    slow.write_text("#!/bin/sh\nsleep 5\nexit 1\n")
+    slow.chmod(0o755)
+    configure(node, runtime=[str(slow)])
+    assert answering(node)
+    proc = subprocess.Popen([str(LAUNCHER), "--root", str(node.runc_root), "create", "--bundle",
+                             str(node.bundle("k", GPU)), "k"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=node.env,
+                            start_new_session=True)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert no_requests_in_flight(node)  # a served child finishes what it began
+    assert node.ps() == []
+    assert node.allocations() == {}
