@@ -12,8 +12,9 @@
  * and at low priority; with the server off, a warm-up of the caches a GPU
  * create reads). delete runs the real
  * runtime's delete and returns its status at once; where the state dir holds
- * the id's allocation dirs, the allocation is then freed by a detached Python
- * release (stdio on /dev/null), and by any later allocator transaction in any
+ * the id's allocation dirs, the allocation is then freed by a detached release
+ * (stdio on /dev/null; the create server's where one answers, else a Python
+ * of its own), and by any later allocator transaction in any
  * case, since an allocation whose container runc removed is dead by the
  * allocator's rule. Every other create/run, and anything this launcher does
  * not fully understand (an unusual config, a runtime that is this program),
@@ -273,43 +274,49 @@ static void wait_for_end(pid_t pid, int ms)
     close(fd);
 }
 
-/* Python with `flag` set in its env, detached: the caller does not wait for
- * it, and it holds none of the caller's fds (stdio on /dev/null) but
- * `keep_fd` (>= 0), which it gets as fd 3. With
- * `idle`, it runs only while a CPU is idle (SCHED_IDLE; where that is refused,
- * at nice 19), once the caller (then what it execs) has ended or `after_ms`
- * have passed. */
-static void python_detached(char **argv, const char *flag, int idle, int after_ms, int keep_fd)
+/* Continues in a detached grandchild (a session of its own; stdio on
+ * /dev/null; none of the caller's fds, which may be the engine's pipes and
+ * preserved fds, but `keep_fd` (>= 0), as its fd 3): returns 1 there, 0 in
+ * the caller, which waits only for the child between them. */
+static int detached(int keep_fd)
 {
-    pid_t caller = getpid();
     pid_t child = fork();
     if (child < 0)
-        return;
-    if (child == 0) {
-        if (setsid() < 0 || fork() != 0)
-            _exit(0);
-        int null = open("/dev/null", O_RDWR);
-        if (null >= 0) {
-            dup2(null, 0);
-            dup2(null, 1);
-            dup2(null, 2);
-            if (null > 2)
-                close(null);
-        }
-        if (keep_fd >= 0) /* as its fd 3 */
-            keep_fd = keep_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(keep_fd, 3);
-        close_from(keep_fd >= 0 ? 4 : 3); /* the engine's pipes and preserved fds are not its to hold */
-        setenv(flag, "1", 1);
-        if (idle) {
-            struct sched_param none = {0};
-            if (sched_setscheduler(0, SCHED_IDLE, &none) != 0)
-                setpriority(PRIO_PROCESS, 0, 19);
-        }
-        if (after_ms)
-            wait_for_end(caller, after_ms);
-        run_python(argv);
+        return 0;
+    if (child > 0) {
+        waitpid(child, NULL, 0);
+        return 0;
     }
-    waitpid(child, NULL, 0);
+    if (setsid() < 0 || fork() != 0)
+        _exit(0);
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        if (null > 2)
+            close(null);
+    }
+    if (keep_fd >= 0)
+        keep_fd = keep_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(keep_fd, 3);
+    close_from(keep_fd >= 0 ? 4 : 3);
+    return 1;
+}
+
+/* Python with `flag` set in its env, detached, running only while a CPU is
+ * idle (SCHED_IDLE; where that is refused, at nice 19), once the caller (then
+ * what it execs) has ended or 2 s have passed. */
+static void python_when_idle(char **argv, const char *flag, int keep_fd)
+{
+    pid_t caller = getpid();
+    if (!detached(keep_fd))
+        return;
+    setenv(flag, "1", 1);
+    struct sched_param none = {0};
+    if (sched_setscheduler(0, SCHED_IDLE, &none) != 0)
+        setpriority(PRIO_PROCESS, 0, 19);
+    wait_for_end(caller, 2000);
+    run_python(argv);
 }
 
 /*
@@ -339,7 +346,7 @@ static void warm_up_once(char *argv0)
     close(fd);
     char *args[] = {argv0, NULL}; /* no command: without the flag, runc's help */
     /* behind whatever the node runs now, and after runc's create (a run's: 2 s at most) */
-    python_detached(args, WARM_UP_ENV, 1, 2000, -1);
+    python_when_idle(args, WARM_UP_ENV, -1);
 }
 
 /* <state dir>/`name` where the config has the create server on; -1 otherwise. */
@@ -368,15 +375,15 @@ static void start_server(char *argv0)
         return;
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
         char *args[] = {argv0, NULL};
-        python_detached(args, SERVER_ENV, 1, 2000, fd);
+        python_when_idle(args, SERVER_ENV, fd);
     }
     close(fd);
 }
 
 /*
- * A create or run through the create server: execs the runtime it names, or
- * exits with its status. Returns where none answered (the caller runs Python
- * itself), having started one for the creates to come.
+ * A create or run (or a delete's release) through the create server: execs
+ * the runtime it names, or exits with its status. Returns where none answered
+ * (the caller runs Python itself), having started one for the creates to come.
  */
 static void through_server(char **argv)
 {
@@ -469,8 +476,12 @@ static int delete_then_release(const char *runtime, int argc, char **argv, int a
     while (waitpid(child, &status, 0) < 0)
         if (errno != EINTR)
             return 1;
-    if (may_hold_allocation(argc, argv, at))
-        python_detached(argv, DELETE_DONE_ENV, 0, 0, -1); /* the next allocator transaction frees it otherwise */
+    /* the release, detached (the next allocator transaction frees it otherwise) */
+    if (may_hold_allocation(argc, argv, at) && detached(-1)) {
+        setenv(DELETE_DONE_ENV, "1", 1);
+        through_server(argv);
+        run_python(argv);
+    }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
