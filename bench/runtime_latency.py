@@ -13,26 +13,29 @@ kinds, timed in turn within every iteration so that all see the same load:
 
 and two operations: `create` + `delete`, and `run` (foreground, `true`
 exits; its delete follows, untimed). Each is timed warm (the state dir as
-the previous iteration left it: the config and discovery caches there) and
-cold (a fresh state dir, as /run/hami is after every reboot; the config file
-itself is older than the config cache's settling time, as on a node); and the
-GPU kind once more on a fresh state dir after a container without request
-(untimed), as a Kubernetes pod's sandbox comes before its containers: that
-create starts the launcher's detached warm-up, which the bench lets finish.
-After a GPU container's delete the launcher frees the allocation in a
-detached Python release, and the first create without request on a fresh
-state dir starts a detached warm-up (once that create's runc has exited);
-the bench waits for both to exit before the next command, so that they take
-no CPU from whatever is timed next.
+the previous iteration left it: the config and discovery caches there, and
+the create server listening) and cold (a fresh state dir, as /run/hami is
+after every reboot; the config file itself is older than the config cache's
+settling time, as on a node); and the GPU kind once more on a fresh state dir
+after a container without request (untimed), as a Kubernetes pod's sandbox
+comes before its containers: that create starts the create server, which the
+bench lets start. The first create on a fresh state dir starts the server
+(once that create's runc has exited), and after a GPU container's delete the
+allocation is freed by a detached release (the server's); the bench waits
+until the server listens and serves nothing, and no detached Python runs,
+before the next command, so that they take no CPU from whatever is timed next.
 
 Prints a markdown table: median and p90 wall ms per kind; the added ms of
 each hami kind, the median of its differences to runc's sample of the same
 iteration (paired: both saw the same moment's load); runc's median CPU ms
-(user + system of the command and what it waited for, hooks included; not the
-detached release) and each kind's added CPU ms, paired the same way; then
-passthrough `list`/`state` rows; then the launcher's own cost on the fast path
-(a create without request, with /bin/true as the runtime, against /bin/true
-alone: its exec, and the config and the spec read).
+(user + system of the command and what it waited for, hooks included) and
+each kind's added CPU ms, paired the same way, plus the create server's CPU
+for the sample (what its children that served the create and the release
+used, and its own accept and fork; the mean over the samples, as /proc counts
+it in 10 ms clock ticks); then passthrough `list`/`state` rows; then the
+launcher's own cost on the fast path (a create without request, with
+/bin/true as the runtime, against /bin/true alone: its exec, and the config
+and the spec read).
 The state dir, the runc root and the bundles are on a tmpfs (/dev/shm), as
 /run is on a node.
 """
@@ -41,6 +44,7 @@ import json
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -137,30 +141,75 @@ class Setup:
             time.sleep(0.005)
 
     @staticmethod
-    def background_gone(timeout=20.0):
+    def flagged(flag: bytes) -> list:
+        """The live processes whose env holds the launcher's `flag` (it stays in
+        /proc/<pid>/environ until they exit)."""
+        found = []
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as handle:
+                    environ = handle.read().split(b"\0")
+                with open(f"/proc/{pid}/stat", "rb") as handle:
+                    zombie = handle.read().rpartition(b")")[2].split()[0] == b"Z"
+            except OSError:
+                continue
+            if flag + b"=1" in environ and not zombie:
+                found.append(int(pid))
+        return found
+
+    def server_answers(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.state / "server" / "socket"))
+            except OSError:
+                return False
+        return True
+
+    def background_gone(self, timeout=20.0):
         """Waits until no detached release or warm-up the launcher started is
-        still running (their env holds the launcher's flag until they exit)."""
+        still running, and a create server it started is listening (or gone) and
+        serves no request."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            busy = False
-            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-                try:
-                    with open(f"/proc/{pid}/environ", "rb") as handle:
-                        environ = handle.read()
-                except OSError:
-                    continue
-                if b"HAMI_WARM_UP=1" in environ or b"HAMI_DELETE_DONE=1" in environ:
-                    busy = True
-                    break
-            if not busy:
+            servers = self.flagged(b"HAMI_CREATE_SERVER")
+            if not self.flagged(b"HAMI_WARM_UP") and not self.flagged(b"HAMI_DELETE_DONE") and (
+                    not servers or (len(servers) == 1 and self.server_answers() and not server_busy(servers[0]))):
                 return
             time.sleep(0.005)
+
+    def server_cpu(self) -> dict:
+        """pid -> CPU ms each create server and the children it reaped have
+        used (in /proc's clock ticks)."""
+        used = {}
+        for pid in self.flagged(b"HAMI_CREATE_SERVER"):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as handle:
+                    fields = handle.read().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            used[pid] = sum(int(f) for f in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")  # u+s, children's
+        return used
 
     def fresh_state(self):
         self.released()
         self.warmed()
         self.background_gone()
         shutil.rmtree(self.state, ignore_errors=True)
+
+
+def served_cpu(before: dict, after: dict) -> float:
+    """CPU ms a create server spent between two server_cpu() readings (one that
+    started or ended between them served nothing: it is not counted)."""
+    return sum(after[pid] - before[pid] for pid in after if pid in before)
+
+
+def server_busy(pid) -> bool:
+    """The server has a child: a request in flight, or one not yet reaped."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return bool(handle.read().split())
+    except OSError:
+        return False
 
 
 def stats(samples):
@@ -185,6 +234,7 @@ def main() -> int:
     gpu = s.bundle("gpu", GPU)
     kinds = {"runc": ([RUNC], plain), "none": (hami, plain), "gpu": (hami, gpu)}
     results = {}  # (operation, warmth, kind) -> [(wall, cpu)]
+    served = {}   # (operation, warmth, kind) -> [CPU ms of the create server]
 
     def sample(op, warmth, kind, i):
         cmd, bundle = kinds[kind]
@@ -197,6 +247,7 @@ def main() -> int:
             quiet(hami + s.g("delete", "-f", f"sandbox-{cid}"), env)
             s.warmed()
             s.background_gone()
+        served_before = s.server_cpu()
         if op == "create+delete":
             wall, cpu = timed(cmd + s.g("create", "--bundle", str(bundle), cid), env)
             w2, c2 = timed(cmd + s.g("delete", cid), env)
@@ -207,6 +258,8 @@ def main() -> int:
         s.released()
         s.warmed()
         s.background_gone()
+        if warmth == "warm" or kind == "gpu" and warmth == "sandbox first":  # a cold one starts the server
+            served.setdefault((op, warmth, kind), []).append(served_cpu(served_before, s.server_cpu()))
         results.setdefault((op, warmth, kind), []).append((wall, cpu))
 
     try:
@@ -216,6 +269,7 @@ def main() -> int:
         for kind in kinds:
             sample("create+delete", "warm", kind, "warmup")
         results.clear()
+        served.clear()
         load_before = os.getloadavg()
         passthrough = {"list": ([], []), "state": ([], [])}
         quiet([RUNC] + s.g("create", "--bundle", str(plain), "resident"), env)
@@ -252,7 +306,7 @@ def main() -> int:
                 added = {k: statistics.median(h[0] - r[0] for h, r in zip(runs[k], runs["runc"]))
                          for k in ("none", "gpu")}
                 cpu_added = {k: statistics.median(h[1] - r[1] for h, r in zip(runs[k], runs["runc"]))
-                             for k in ("none", "gpu")}
+                             + statistics.mean(served.get((op, warmth, k)) or [0]) for k in ("none", "gpu")}
                 runc_cpu = statistics.median(c for _, c in runs["runc"])
                 print(f"| `{op}` | {warmth} | {walls['runc'][0]:.1f} | {walls['none'][0]:.1f} | {walls['gpu'][0]:.1f} "
                       f"| {added['none']:+.1f} | {added['gpu']:+.1f} "
@@ -263,7 +317,8 @@ def main() -> int:
             first, runc_cold = results[(op, "sandbox first", "gpu")], results[(op, "cold", "runc")]
             median, p90 = stats([w for w, _ in first])
             added = statistics.median(h[0] - r[0] for h, r in zip(first, runc_cold))
-            cpu_added = statistics.median(h[1] - r[1] for h, r in zip(first, runc_cold))
+            cpu_added = statistics.median(h[1] - r[1] for h, r in zip(first, runc_cold)) + \
+                statistics.mean(served[(op, "sandbox first", "gpu")])
             print(f"| `{op}` | cold, a container without request first | | | {median:.1f} | | {added:+.1f} "
                   f"| | | {p90:.1f} | | | {cpu_added:+.1f} |")
         print("\n| passthrough | runc ms | hami ms | added | runc CPU ms | hami CPU ms |")
