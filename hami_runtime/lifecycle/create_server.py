@@ -10,8 +10,9 @@ reads filled (the config validated; the GPUs and driver files discovered, in a
 child of its own: NVML never starts in the process that forks), then listens
 on <state_dir>/server/socket (0600, in the host-only state dir).
 
-A request is a launcher's whole command: its argv, env, cwd, umask and its
-stdin, stdout and stderr (passed as fds). For each, the server forks; the
+A request is a launcher's whole command (a create or run, or a delete's
+release): its argv, env, cwd, umask and its stdin, stdout and stderr (passed
+as fds). For each, the server forks; the
 child takes on those, runs the command as `python -m hami_runtime` would
 (command.run), with the launcher's pid as the create's (the process that becomes
 runc), and answers "exec this runtime", "exit with this status" or "do it
@@ -23,7 +24,8 @@ same command directly.
 
 It ends after create_server_idle_s without a request, when its socket is no
 longer the one it bound (the state dir removed, or a newer server), or when a
-file of its code changed (the next create runs Python and starts a new one).
+file of its code changed; its socket stays, so that the next GPU create (which
+runs Python itself) starts a new one, and a create that asks for no GPU none.
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ def serve() -> int:
                 return 0
             if os.fork() == 0:
                 listener.close()
+                os.close(LOCK_FD)  # the lock is the server's alone
                 _child(conn)
 
 
