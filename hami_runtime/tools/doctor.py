@@ -1,6 +1,6 @@
 """hamictl doctor: the node's health check. It names the config it read and
 checks what a GPU create needs (the config, the real runtime, libvgpu, the
-GPUs through NVML) and the state dir with the allocator's own rules; with
+GPUs through NVML), says whether the create server listens, and checks the state dir with the allocator's own rules; with
 --repair it puts the state right, printing every finding.
 
 Exit status 0 on a healthy node, one where nothing was ever allocated
@@ -235,6 +235,27 @@ def check_gpus(cfg, faults: List[str], checks: List[tuple]) -> list:
     return gpus
 
 
+def check_server(cfg, checks: List[tuple]) -> None:
+    """Whether the create server of the state dir listens (its absence is no
+    fault: the next GPU create starts it)."""
+    import socket
+    import struct
+    from ..lifecycle import create_server
+    if not cfg.create_server_idle_s:
+        checks.append(("create server", "off (config create_server_idle_s = 0)"))
+        return
+    path = create_server.socket_path(cfg.state_dir)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+            pid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        except OSError:
+            checks.append(("create server", "not running (the next GPU create starts it)"))
+            return
+    checks.append(("create server", f"pid {pid}, at {path}; ends after {cfg.create_server_idle_s} s "
+                   "without a create"))
+
+
 def doctor(cfg, repair: bool) -> Report:
     from .. import config
     from ..config_origin import explain
@@ -251,6 +272,7 @@ def doctor(cfg, repair: bool) -> Report:
     else:
         faults.append(explain(HamiError("config libvgpu", cfg.libvgpu, "file not found"), cfg.path).line())
     check_log(cfg, faults, checks)
+    check_server(cfg, checks)
     gpus = check_gpus(cfg, faults, checks)
     state, held = check_state(cfg, gpus, repair, faults, notes)
     if state:

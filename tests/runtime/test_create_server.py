@@ -352,3 +352,11 @@ def test_a_served_create_killed_anywhere_leaks_nothing(served, tmp_path, delay):
     assert no_requests_in_flight(node)  # a served child finishes what it began
     assert node.ps() == []
     assert node.allocations() == {}
+
+
+def test_doctor_names_the_server(served):
+    node = served
+    [pid] = server_pids(node)
+    assert f"create server: pid {pid}, at {socket_path(node)}" in node.hamictl("doctor").stdout
+    configure(node, create_server_idle_s=0)
+    assert "create server: off" in node.hamictl("doctor").stdout
