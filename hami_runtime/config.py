@@ -5,7 +5,9 @@ The keys, their types, bounds and defaults are config_model.NodeConfig's. A file
 is validated through that model when it is not the one validated before; its
 values are then kept in the state dir's cache (config_cache.py), keyed by the
 file's identity and the model's, so a create with an unchanged config reads
-neither TOML nor the model.
+neither TOML nor the model. A copy is kept in /var/cache/hami too: the state
+dir is a tmpfs emptied at boot while the config file stays, and the first
+create after a boot need not validate it again.
 """
 from __future__ import annotations
 
@@ -75,7 +77,8 @@ def load(path: str | None = None) -> Config:
             after = os.fstat(handle.fileno())
     except FileNotFoundError:
         if path == DEFAULT_PATH and "HAMI_CONFIG" not in os.environ:
-            return _validated(b"", "", config_cache.DEFAULT_STATE_DIR, ["no config file", path])
+            return _validated(b"", "", path, config_cache.DEFAULT_STATE_DIR,
+                              ["no config file", path])
         raise HamiError("HAMI_CONFIG", path, "config file not found") from None
     except OSError as exc:
         raise HamiError("HAMI_CONFIG", path, f"cannot read config file: {exc.strerror}") from None
@@ -84,17 +87,18 @@ def load(path: str | None = None) -> Config:
     # the same clock tick would keep every time in the key)
     steady = key == config_cache.file_key(path, after) and \
         time.time_ns() - after.st_ctime_ns > config_cache.SETTLED_NS
-    return _validated(text, path, config_cache.state_dir_hint(text) if steady else "", key)
+    return _validated(text, path, path, config_cache.state_dir_hint(text) if steady else "", key)
 
 
-def _validated(text: bytes, path: str, hint: str, file_key: list) -> Config:
-    """The values of a TOML config (b"": the defaults), from the cache in `hint`
-    (the state dir the file names) where they are there."""
+def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: list) -> Config:
+    """The values of a TOML config (b"": the defaults, none at `looked_for`),
+    from the cache in `hint` (the state dir the file names) or the persistent
+    one for `looked_for` where they are there."""
     try:
         key = [file_key, config_cache.file_key(MODEL_FILE, os.stat(MODEL_FILE))]
     except OSError:
         key, hint = None, ""
-    values = config_cache.lookup(hint, key)
+    values = config_cache.lookup(hint, key, looked_for)
     if values is not None and values.get("state_dir") == hint:
         return Config.from_values({**values, "path": path})
     from .config_model import validate
@@ -108,7 +112,7 @@ def _validated(text: bytes, path: str, hint: str, file_key: list) -> Config:
         raise HamiError("HAMI_CONFIG", path, f"not valid TOML: {exc}") from None
     values = validate(raw, path)
     if hint and values["state_dir"] == hint:
-        config_cache.store(hint, key, values)
+        config_cache.store(hint, key, values, looked_for)
     return Config.from_values({**values, "path": path})
 
 
