@@ -111,7 +111,6 @@ def _holds_lock(state_dir: str) -> bool:
         fcntl.flock(LOCK_FD, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return False
-    os.set_inheritable(LOCK_FD, False)  # the children never hold it
     return stat.S_ISREG(named.st_mode) and (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
 
@@ -119,8 +118,6 @@ def _load_everything() -> list:
     """Imports every module of the runtime (but its tools and its __main__),
     pydantic's model included; returns the identity of their files."""
     import hami_runtime
-    from .. import config_model  # noqa: F401
-    from . import command  # noqa: F401
     for info in pkgutil.walk_packages(hami_runtime.__path__, "hami_runtime."):
         if not info.name.startswith("hami_runtime.tools") and not info.name.endswith("__main__"):
             importlib.import_module(info.name)
