@@ -2,14 +2,15 @@
  * A request to the create server: one AF_UNIX stream connection. The request
  * is a little-endian u32 length, then NUL-terminated fields: the protocol,
  * cwd, umask (octal), argc, the argv, the env; stdin, stdout and stderr ride
- * along its first bytes (SCM_RIGHTS). The answer, until the server closes:
- * "E<runtime path>" (exec it with argv), "X<status>" (exit with it), or "F" or
- * nothing (declined: run the command without the server).
+ * along its first bytes (SCM_RIGHTS). The server takes it on ("A"; we answer
+ * "G") or declines it ("F", or nothing); then its answer, until it closes:
+ * "E<runtime path>" (exec it with argv) or "X<status>" (exit with it).
  */
 #include "server_client.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #define PROTOCOL "hami-create-1" /* create_server.py */
+#define ACK_MS 2000
 
 extern char **environ;
 
@@ -120,6 +122,22 @@ static int send_request(int fd, const char *buf, size_t total, const int fds[3])
     return 0;
 }
 
+/* The server took the request on ("A" within ACK_MS), and is told to go on
+ * ("G"): a server that is stopped, or too slow to start, is passed by (the
+ * caller runs the command itself), and one that took the request on after we
+ * gave up finds us gone and does nothing. */
+static int taken_on(int fd)
+{
+    struct pollfd ready = {fd, POLLIN, 0};
+    int n;
+    while ((n = poll(&ready, 1, ACK_MS)) < 0 && errno == EINTR)
+        ;
+    char ack;
+    if (n != 1 || read(fd, &ack, 1) != 1 || ack != 'A')
+        return 0;
+    return send(fd, "G", 1, MSG_NOSIGNAL) == 1;
+}
+
 static int answer(int fd, char *runtime, size_t size, int *status)
 {
     char text[PATH_MAX + 16];
@@ -154,8 +172,8 @@ int server_request(const char *socket_path, char **argv, const int fds[3],
         return NOT_SERVED;
     size_t total;
     char *buf = request(argv, &total);
-    int served = buf && send_request(fd, buf, total, fds) == 0 ? answer(fd, runtime, size, status)
-                                                               : NOT_SERVED;
+    int served = buf && send_request(fd, buf, total, fds) == 0 && taken_on(fd)
+                     ? answer(fd, runtime, size, status) : NOT_SERVED;
     free(buf);
     close(fd);
     return served;

@@ -17,7 +17,10 @@ child takes on those, runs the command as `python -m hami_runtime` would
 (command.run), with the launcher's pid as the create's (the process that becomes
 runc), and answers "exec this runtime", "exit with this status" or "do it
 yourself" (a request it will not serve: another uid, another mount namespace or
-root, another protocol). The launcher then execs runc itself, so the engine's
+root, another protocol). Before it runs anything, the child says it has taken
+the request on and waits for the launcher's go-ahead: a launcher that waited
+for that in vain (a stopped server) has run the command itself, and the child
+does nothing. The launcher then execs runc itself, so the engine's
 child is runc as before. Nothing in a request widens what the launcher could do
 alone: the peer is a process of our own uid (SO_PEERCRED) that could run the
 same command directly.
@@ -49,7 +52,8 @@ LOCK_NAME = "lock"
 LOCK_FD = 3                        # where the launcher hands the lock over
 MAX_REQUEST = 4 << 20              # argv and env: above the kernel's exec limit
 TICK_S = 1.0
-EXEC, EXIT, DECLINED = b"E", b"X", b"F"
+TAKEN, GO, DECLINED = b"A", b"G", b"F"
+EXEC, EXIT = b"E", b"X"
 
 
 def socket_path(state_dir: str) -> str:
@@ -197,10 +201,19 @@ def _child(conn: socket.socket) -> None:
     except (OSError, ValueError):
         request = None
     try:
-        answer = DECLINED if request is None else _run(*request)
-        conn.sendall(answer)
+        if request is None:
+            conn.sendall(DECLINED)
+        elif _go_ahead(conn):
+            conn.sendall(_run(*request))
     finally:
         os._exit(0)
+
+
+def _go_ahead(conn: socket.socket) -> bool:
+    """Tells the launcher the request is taken on; true once it says to go on
+    (a launcher that gave up waiting has closed, and runs the command itself)."""
+    conn.sendall(TAKEN)
+    return conn.recv(1) == GO
 
 
 def _receive(conn: socket.socket):

@@ -281,6 +281,23 @@ def test_creates_go_on_when_the_server_is_gone(served, how):
     assert len(server_pids(node)) == 1 and not set(server_pids(node)) & set(pids)
 
 
+def test_a_stopped_server_is_passed_by(served):
+    """A server that does not take a request on within the launcher's wait
+    (here: stopped) is passed by: the create runs its own Python; resumed, the
+    server finds the launcher gone and does nothing with the request."""
+    node = served
+    [pid] = server_pids(node)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        rc, err, launcher, logged = create(node, "stopped", node.bundle("stopped", GPU, args=("true",)))
+        assert rc == 0, err
+        assert logged == launcher
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert answering(node) and no_requests_in_flight(node)
+    assert list(node.allocations()) == ["stopped"]
+
+
 def test_an_idle_server_ends_and_a_gpu_create_starts_it_again(node):
     """create_server_idle_s: the server ends that long after its last request,
     its socket left behind, so a create without request starts none; a GPU
