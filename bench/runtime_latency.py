@@ -54,6 +54,9 @@ from pathlib import Path
 
 from sim_runtime import ROOT, private_config, sim_config_missing
 
+sys.path.insert(0, str(ROOT))
+from tests.conftest import processes_with_env  # noqa: E402
+
 LAUNCHER = ROOT / "build" / "hami-runtime"
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 GPU = {"hami.io/gpumem": "1000", "hami.io/gpucores": "30"}
@@ -140,22 +143,9 @@ class Setup:
                 (cache / name).exists() for name in ("config.json", "gpus.json", "driver-files.json")):
             time.sleep(0.005)
 
-    @staticmethod
-    def flagged(flag: bytes) -> list:
-        """The live processes whose env holds the launcher's `flag` (it stays in
-        /proc/<pid>/environ until they exit)."""
-        found = []
-        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as handle:
-                    environ = handle.read().split(b"\0")
-                with open(f"/proc/{pid}/stat", "rb") as handle:
-                    zombie = handle.read().rpartition(b")")[2].split()[0] == b"Z"
-            except OSError:
-                continue
-            if flag + b"=1" in environ and not zombie:
-                found.append(int(pid))
-        return found
+    def servers(self) -> list:
+        """The create servers of this bench's config."""
+        return processes_with_env(b"HAMI_CREATE_SERVER=1", f"HAMI_CONFIG={self.env['HAMI_CONFIG']}".encode())
 
     def server_answers(self) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
@@ -171,8 +161,8 @@ class Setup:
         serves no request."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            servers = self.flagged(b"HAMI_CREATE_SERVER")
-            if not self.flagged(b"HAMI_WARM_UP") and not self.flagged(b"HAMI_DELETE_DONE") and (
+            servers = self.servers()
+            if not processes_with_env(b"HAMI_WARM_UP=1") and not processes_with_env(b"HAMI_DELETE_DONE=1") and (
                     not servers or (len(servers) == 1 and self.server_answers() and not server_busy(servers[0]))):
                 return
             time.sleep(0.005)
@@ -181,7 +171,7 @@ class Setup:
         """pid -> CPU ms each create server and the children it reaped have
         used (in /proc's clock ticks)."""
         used = {}
-        for pid in self.flagged(b"HAMI_CREATE_SERVER"):
+        for pid in self.servers():
             try:
                 with open(f"/proc/{pid}/stat", "rb") as handle:
                     fields = handle.read().rpartition(b")")[2].split()

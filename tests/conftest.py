@@ -90,17 +90,33 @@ def cycles(graph: dict) -> list:
 
 
 
+def processes_with_env(*entries: bytes) -> list:
+    """The live (not zombie) processes whose environment, as they were started
+    with it (/proc/<pid>/environ), holds every one of `entries` (b"NAME=value")."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                env = handle.read().split(b"\0")
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                zombie = handle.read().rpartition(b")")[2].split()[0] == b"Z"
+        except OSError:
+            continue
+        if not zombie and all(entry in env for entry in entries):
+            found.append(int(pid))
+    return found
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_create_server_left(tmp_path_factory):
     """The create servers the launcher started for this session's nodes end
     (each ends once its socket goes, or idle, too): none is left running."""
     yield
     base = os.fsencode(tmp_path_factory.getbasetemp()) + b"/"
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    for pid in processes_with_env(b"HAMI_CREATE_SERVER=1"):
         try:
             with open(f"/proc/{pid}/environ", "rb") as handle:
-                env = handle.read().split(b"\0")
-            if b"HAMI_CREATE_SERVER=1" in env and any(e.startswith(b"HAMI_CONFIG=" + base) for e in env):
-                os.kill(int(pid), signal.SIGTERM)
+                if any(e.startswith(b"HAMI_CONFIG=" + base) for e in handle.read().split(b"\0")):
+                    os.kill(pid, signal.SIGTERM)
         except OSError:
             continue

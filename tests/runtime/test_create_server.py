@@ -16,6 +16,7 @@ import time
 import pytest
 
 from hami_runtime.lifecycle import create_server
+from tests.conftest import processes_with_env
 
 from .node import LAUNCHER
 from .test_launcher_fastpath import holders, settled, warmed
@@ -34,19 +35,7 @@ def configure(node, **keys):
 
 def server_pids(node) -> list:
     """The create servers this node's launcher started (their env names its config)."""
-    found = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                env = handle.read().split(b"\0")
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                if handle.read().rpartition(b")")[2].split()[0] == b"Z":
-                    continue
-        except OSError:
-            continue
-        if b"HAMI_CREATE_SERVER=1" in env and f"HAMI_CONFIG={node.config}".encode() in env:
-            found.append(int(pid))
-    return found
+    return processes_with_env(b"HAMI_CREATE_SERVER=1", f"HAMI_CONFIG={node.config}".encode())
 
 
 def no_requests_in_flight(node, timeout=30.0) -> bool:
