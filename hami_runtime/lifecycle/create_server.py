@@ -205,6 +205,7 @@ def _child(conn: socket.socket) -> None:
             conn.sendall(DECLINED)
         elif _go_ahead(conn):
             conn.sendall(_run(*request))
+        conn.shutdown(socket.SHUT_RDWR)  # the launcher reads to the end: now, not once this process is torn down
     finally:
         os._exit(0)
 
