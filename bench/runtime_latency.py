@@ -29,10 +29,10 @@ Prints a markdown table: median and p90 wall ms per kind; the added ms of
 each hami kind, the median of its differences to runc's sample of the same
 iteration (paired: both saw the same moment's load); runc's median CPU ms
 (user + system of the command and what it waited for, hooks included) and
-each kind's added CPU ms, paired the same way, plus the create server's CPU
-for the sample (what its children that served the create and the release
-used, and its own accept and fork; the mean over the samples, as /proc counts
-it in 10 ms clock ticks); then passthrough `list`/`state` rows; then the
+each kind's added CPU ms, paired the same way, the GPU kind's plus the
+create server's CPU (its own and its children's, which served the creates
+and releases: all it used during the row's samples, per GPU sample, as /proc
+counts it in 10 ms clock ticks); then passthrough `list`/`state` rows; then the
 launcher's own cost on the fast path (a create without request, with
 /bin/true as the runtime, against /bin/true alone: its exec, and the config
 and the spec read).
@@ -49,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -69,11 +70,22 @@ def _children_cpu():
 
 
 def timed(argv, env):
-    """(wall ms, CPU ms of the command and what it waited for, hooks included)."""
+    """(wall ms, CPU ms of the command and what it waited for, hooks included).
+    The wait blocks in waitpid: a wait with a timeout polls, with sleeps that
+    double up to 50 ms, and would round every time up to its next poll."""
     cpu, start = _children_cpu(), time.perf_counter()
-    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, env=env, check=True, timeout=60)
-    return (time.perf_counter() - start) * 1000, (_children_cpu() - cpu) * 1000
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        rc = proc.wait()
+    finally:
+        watchdog.cancel()
+    wall, used = (time.perf_counter() - start) * 1000, (_children_cpu() - cpu) * 1000
+    if rc != 0:
+        raise subprocess.CalledProcessError(rc, argv)
+    return wall, used
 
 
 def quiet(argv, env):
@@ -148,6 +160,7 @@ class Setup:
         return processes_with_env(b"HAMI_CREATE_SERVER=1", f"HAMI_CONFIG={self.env['HAMI_CONFIG']}".encode())
 
     def server_answers(self) -> bool:
+        """The server accepts a connection (which it serves as a request it declines)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             try:
                 probe.connect(str(self.state / "server" / "socket"))
@@ -155,17 +168,33 @@ class Setup:
                 return False
         return True
 
+    def server_lock_held(self) -> bool:
+        """Someone holds the state dir's server lock: a server runs or is about
+        to start (read in /proc/locks: taking the lock could keep one from starting)."""
+        try:
+            inode = os.stat(self.state / "server" / "lock").st_ino
+        except OSError:
+            return False
+        with open("/proc/locks") as locks:
+            return any(f":{inode}" == token[token.rfind(":"):] for line in locks if "FLOCK" in line
+                       for token in line.split() if token.count(":") == 2)
+
+    def server_quiet(self) -> bool:
+        """No create server of ours has a child (a request in flight, or one not yet reaped)."""
+        return not any(server_busy(pid) for pid in self.servers())
+
     def background_gone(self, timeout=20.0):
         """Waits until no detached release or warm-up the launcher started is
-        still running, and a create server it started is listening (or gone) and
-        serves no request."""
+        still running, a create server it started is listening (or none was
+        started), and none serves a request."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            servers = self.servers()
-            if not processes_with_env(b"HAMI_WARM_UP=1") and not processes_with_env(b"HAMI_DELETE_DONE=1") and (
-                    not servers or (len(servers) == 1 and self.server_answers() and not server_busy(servers[0]))):
-                return
-            time.sleep(0.005)
+
+        def until(done):
+            while not done() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        until(lambda: not processes_with_env(b"HAMI_WARM_UP=1") and not processes_with_env(b"HAMI_DELETE_DONE=1"))
+        until(lambda: not self.server_lock_held() or self.server_answers())
+        until(self.server_quiet)
 
     def server_cpu(self) -> dict:
         """pid -> CPU ms each create server and the children it reaped have
@@ -191,6 +220,15 @@ def served_cpu(before: dict, after: dict) -> float:
     """CPU ms a create server spent between two server_cpu() readings (one that
     started or ended between them served nothing: it is not counted)."""
     return sum(after[pid] - before[pid] for pid in after if pid in before)
+
+
+def server_share(served: dict, op: str, warmth: str) -> float:
+    """The create server's CPU over every sample of a row (whatever kind's
+    sample its clock ticks fell in), per GPU sample: all of it is the GPU
+    containers' (their creates and releases, and its own accepts and forks).
+    A cold row's GPU container runs a Python of its own: no server serves it."""
+    total = sum(sum(samples) for (o, w, _), samples in served.items() if (o, w) == (op, warmth))
+    return total / len(served[(op, warmth, "gpu")]) if total else 0.0
 
 
 def server_busy(pid) -> bool:
@@ -247,9 +285,13 @@ def main() -> int:
             quiet(cmd + s.g("delete", "-f", cid), env)
         s.released()
         s.warmed()
+        deadline = time.monotonic() + 20
+        while not s.server_quiet() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        served_after = s.server_cpu()
         s.background_gone()
         if warmth == "warm" or kind == "gpu" and warmth == "sandbox first":  # a cold one starts the server
-            served.setdefault((op, warmth, kind), []).append(served_cpu(served_before, s.server_cpu()))
+            served.setdefault((op, warmth, kind), []).append(served_cpu(served_before, served_after))
         results.setdefault((op, warmth, kind), []).append((wall, cpu))
 
     try:
@@ -296,7 +338,8 @@ def main() -> int:
                 added = {k: statistics.median(h[0] - r[0] for h, r in zip(runs[k], runs["runc"]))
                          for k in ("none", "gpu")}
                 cpu_added = {k: statistics.median(h[1] - r[1] for h, r in zip(runs[k], runs["runc"]))
-                             + statistics.mean(served.get((op, warmth, k)) or [0]) for k in ("none", "gpu")}
+                             for k in ("none", "gpu")}
+                cpu_added["gpu"] += server_share(served, op, warmth)
                 runc_cpu = statistics.median(c for _, c in runs["runc"])
                 print(f"| `{op}` | {warmth} | {walls['runc'][0]:.1f} | {walls['none'][0]:.1f} | {walls['gpu'][0]:.1f} "
                       f"| {added['none']:+.1f} | {added['gpu']:+.1f} "
@@ -308,7 +351,7 @@ def main() -> int:
             median, p90 = stats([w for w, _ in first])
             added = statistics.median(h[0] - r[0] for h, r in zip(first, runc_cold))
             cpu_added = statistics.median(h[1] - r[1] for h, r in zip(first, runc_cold)) + \
-                statistics.mean(served[(op, "sandbox first", "gpu")])
+                server_share(served, op, "sandbox first")
             print(f"| `{op}` | cold, a container without request first | | | {median:.1f} | | {added:+.1f} "
                   f"| | | {p90:.1f} | | | {cpu_added:+.1f} |")
         print("\n| passthrough | runc ms | hami ms | added | runc CPU ms | hami CPU ms |")
