@@ -4,7 +4,9 @@
 
 Runs on the simulated GPU (build/sim/hami.toml, state in a temp dir) with a
 busybox bundle whose command is `true` and a private runc --root. Three
-kinds, timed in turn within every iteration so that all see the same load:
+kinds, timed in turn within every iteration so that all see the same load
+(which goes first turns with each iteration: what one leaves behind, such as
+the kernel's cleanup after a delete, falls on each in turn):
 
   runc     runc itself, the plain bundle
   none     hami-runtime (the C launcher as `make build` makes it), the plain
@@ -32,7 +34,8 @@ iteration (paired: both saw the same moment's load); runc's median CPU ms
 each kind's added CPU ms, paired the same way, the GPU kind's plus the
 create server's CPU (its own and its children's, which served the creates
 and releases: all it used during the row's samples, per GPU sample, as /proc
-counts it in 10 ms clock ticks); then passthrough `list`/`state` rows; then the
+counts it in 10 ms clock ticks); then the create and the delete of `create` + `delete` apart (wall, added
+medians paired the same way); then passthrough `list`/`state` rows; then the
 launcher's own cost on the fast path (a create without request, with
 /bin/true as the runtime, against /bin/true alone: its exec, and the config
 and the spec read).
@@ -263,6 +266,7 @@ def main() -> int:
     kinds = {"runc": ([RUNC], plain), "none": (hami, plain), "gpu": (hami, gpu)}
     results = {}  # (operation, warmth, kind) -> [(wall, cpu)]
     served = {}   # (operation, warmth, kind) -> [CPU ms of the create server]
+    parts = {}    # (warmth, kind) -> [(create wall ms, delete wall ms)]
 
     def sample(op, warmth, kind, i):
         cmd, bundle = kinds[kind]
@@ -279,6 +283,7 @@ def main() -> int:
         if op == "create+delete":
             wall, cpu = timed(cmd + s.g("create", "--bundle", str(bundle), cid), env)
             w2, c2 = timed(cmd + s.g("delete", cid), env)
+            parts.setdefault((warmth, kind), []).append((wall, w2))
             wall, cpu = wall + w2, cpu + c2
         else:
             wall, cpu = timed(cmd + s.g("run", "--bundle", str(bundle), cid), env)
@@ -302,13 +307,15 @@ def main() -> int:
             sample("create+delete", "warm", kind, "warmup")
         results.clear()
         served.clear()
+        parts.clear()
         load_before = os.getloadavg()
         passthrough = {"list": ([], []), "state": ([], [])}
         quiet([RUNC] + s.g("create", "--bundle", str(plain), "resident"), env)
         for i in range(n):
             for op in ("create+delete", "run"):
                 for warmth in ("warm", "cold"):
-                    for kind in kinds:
+                    order = list(kinds)[i % 3:] + list(kinds)[:i % 3]  # each kind first, second, third in turn
+                    for kind in order:
                         sample(op, warmth, kind, i)
                 sample(op, "sandbox first", "gpu", i)
             for name, args in (("list", ("list",)), ("state", ("state", "resident"))):
@@ -324,7 +331,7 @@ def main() -> int:
             alone[0].append(timed(["/bin/true"] + s.g("create", "--bundle", str(plain), "t"), true_env))
             alone[1].append(timed(hami + s.g("create", "--bundle", str(plain), "t"), true_env))
         load_after = os.getloadavg()
-        print(f"runtime latency, {n} iterations, kinds in turn within each (runc; hami-runtime "
+        print(f"runtime latency, {n} iterations, kinds in turn within each, the first changing with each (runc; hami-runtime "
               f"{os.path.relpath(LAUNCHER, ROOT)}, no request; the same, GPU request); {os.cpu_count()} CPUs; "
               f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
         print("| operation | state dir | runc ms | no request ms | GPU ms | no request added | GPU added "
@@ -354,6 +361,15 @@ def main() -> int:
                 server_share(served, op, "sandbox first")
             print(f"| `{op}` | cold, a container without request first | | | {median:.1f} | | {added:+.1f} "
                   f"| | | {p90:.1f} | | | {cpu_added:+.1f} |")
+        print("\n| `create+delete`, each part | state dir | runc ms | no request added | GPU added |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for at, name in ((0, "`create`"), (1, "`delete`")):
+            for warmth in ("warm", "cold"):
+                runc_part = [p[at] for p in parts[(warmth, "runc")]]
+                added = {k: statistics.median(h[at] - r for h, r in zip(parts[(warmth, k)], runc_part))
+                         for k in ("none", "gpu")}
+                print(f"| {name} | {warmth} | {statistics.median(runc_part):.1f} | {added['none']:+.1f} "
+                      f"| {added['gpu']:+.1f} |")
         print("\n| passthrough | runc ms | hami ms | added | runc CPU ms | hami CPU ms |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for name, (runc_runs, hami_runs) in passthrough.items():
