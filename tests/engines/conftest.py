@@ -114,6 +114,14 @@ class Hami:
         listed = run([VENV_BIN / "hamictl", "gpus", "--json"], check=True, timeout=60, env=env)
         return json.loads(listed.stdout)
 
+    def driver_let_go(self) -> None:
+        """Waits until the simulated driver holds no memory for any process: one
+        of a removed container counts until its heartbeat is stale (another pid
+        namespace cannot be checked otherwise; tests/simgpu/sim_state.c), and a
+        container filling its slice next would see its slice's free memory short."""
+        wait_for(lambda: all(gpu["driver_memory_used_mib"] == 0 for gpu in self.devices()), 30,
+                 "the driver to let go of a removed container's memory")
+
     def gpu_uuids(self) -> List[str]:
         return [gpu["uuid"] for gpu in self.devices()]
 

@@ -110,6 +110,7 @@ def test_live_view_sees_the_container(podman, hami):
         podman("rm", "--force", "--time", "0", name, check=True)
     wait_for(lambda: hami.allocations() == {}, 10, "the allocation to be released")
     hami.assert_nothing_allocated()
+    hami.driver_let_go()  # the tests that fill a slice come next
 
 
 def test_mig_instances_by_env_and_cdi_annotation(podman, tmp_path):
