@@ -16,8 +16,8 @@ as fds). For each, the server forks; the
 child takes on those, runs the command as `python -m hami_runtime` would
 (command.run), with the launcher's pid as the create's (the process that becomes
 runc), and answers "exec this runtime", "exit with this status" or "do it
-yourself" (a request it will not serve: another uid, another mount namespace or
-root, another protocol). Before it runs anything, the child says it has taken
+yourself" (a request it will not serve: another uid, another mount or pid
+namespace or root, another protocol). Before it runs anything, the child says it has taken
 the request on and waits for the launcher's go-ahead: a launcher that waited
 for that in vain (a stopped server) has run the command itself, and the child
 does nothing. The launcher then execs runc itself, so the engine's
@@ -250,11 +250,12 @@ def _receive(conn: socket.socket):
 
 
 def _same_world(pid: int) -> bool:
-    """The launcher sees the files as we do: our mount namespace and root."""
+    """The launcher sees the files and the pids as we do: our mount and pid
+    namespaces and root (its pid is what the create records as its creator)."""
     try:
         return all(os.stat(f"/proc/{pid}/{what}").st_ino == os.stat(f"/proc/self/{what}").st_ino and
                    os.stat(f"/proc/{pid}/{what}").st_dev == os.stat(f"/proc/self/{what}").st_dev
-                   for what in ("ns/mnt", "root"))
+                   for what in ("ns/mnt", "ns/pid", "root"))
     except OSError:
         return False
 

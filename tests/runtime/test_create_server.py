@@ -217,10 +217,14 @@ print(answer.decode())
 """
 
 
-@pytest.mark.parametrize("who", ["another uid", "another mount namespace"])
+ELSEWHERE = {"another mount namespace": ["unshare", "--mount"],
+             "another pid namespace": ["unshare", "--pid", "--fork"]}
+
+
+@pytest.mark.parametrize("who", ["another uid"] + list(ELSEWHERE))
 def test_the_server_serves_only_its_own_kind(served, who):
-    """A process of another uid (were the socket's mode widened) or in another
-    mount namespace gets "F" and nothing is done for it."""
+    """A process of another uid (were the socket's mode widened), or in another
+    mount or pid namespace, gets "F" and nothing is done for it."""
     node = served
     bundle = node.bundle("stranger", GPU, args=("true",))
     data, _ = request([str(LAUNCHER), "--root", str(node.runc_root), "create", "--bundle", str(bundle), "x"],
@@ -233,7 +237,7 @@ def test_the_server_serves_only_its_own_kind(served, who):
             os.chmod(socket_path(node), 0o666)
             argv[3], argv[-1] = os.path.join(public, "socket"), "65534"
         else:
-            argv = ["unshare", "--mount"] + argv
+            argv = ELSEWHERE[who] + argv
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "F"
