@@ -10,7 +10,8 @@
  * Python runtime then only frees (it never frees a live container). */
 #define DELETE_DONE_ENV "HAMI_DELETE_DONE"
 /* Set for the detached warm-up a create that asks for no GPU starts on a fresh
- * state dir: the Python runtime then only fills its caches (cli.py). */
+ * state dir (with the create server off): the Python runtime then only fills
+ * its caches (cli.py). */
 #define WARM_UP_ENV "HAMI_WARM_UP"
 /* Set for the create server the launcher starts (create_server.py). */
 #define SERVER_ENV "HAMI_CREATE_SERVER"
