@@ -45,6 +45,8 @@ import struct
 import sys
 import time
 
+from ..files import file_key
+
 PROTOCOL = b"hami-create-1"       # hami_runtime/launcher/server_client.c
 SERVER_DIR = "server"
 SOCKET_NAME = "socket"
@@ -76,6 +78,10 @@ def serve() -> int:
     _warm_caches()
     listener = _listen(socket_path(cfg.state_dir))
     bound = os.stat(socket_path(cfg.state_dir))
+    world = _world("self")
+
+    def ended() -> bool:
+        return not _still_ours(cfg.state_dir, bound) or _changed(code)
     _normal_priority()
     signal.signal(signal.SIGCHLD, _reap)
     gc.freeze()  # what the imports made stays shared with the children
@@ -85,19 +91,18 @@ def serve() -> int:
         try:
             conn, _ = listener.accept()
         except socket.timeout:
-            if time.monotonic() - last > cfg.create_server_idle_s or \
-                    not _still_ours(cfg.state_dir, bound) or _changed(code):
+            if time.monotonic() - last > cfg.create_server_idle_s or ended():
                 return 0
             continue
         last = time.monotonic()
         with conn:
-            if _changed(code) or not _still_ours(cfg.state_dir, bound):
+            if ended():
                 conn.sendall(DECLINED)
                 return 0
             if os.fork() == 0:
                 listener.close()
                 os.close(LOCK_FD)  # the lock is the server's alone
-                _child(conn)
+                _child(conn, world)
 
 
 def _reap(*_) -> None:
@@ -132,10 +137,9 @@ def _load_everything() -> list:
 
 def _identity(path: str):
     try:
-        st = os.stat(path)
+        return file_key(path, os.stat(path))
     except OSError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _changed(code: list) -> bool:
@@ -191,13 +195,13 @@ def _normal_priority() -> None:
         pass  # not allowed: it stays where it was
 
 
-def _child(conn: socket.socket) -> None:
+def _child(conn: socket.socket, world: tuple) -> None:
     """Serves one request and ends the process. Without an answer (this
     process died before it could give one), the launcher runs the command itself."""
     gc.disable()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a delete waits for runc
     try:
-        request = _receive(conn)
+        request = _receive(conn, world)
     except (OSError, ValueError):
         request = None
     try:
@@ -217,15 +221,16 @@ def _go_ahead(conn: socket.socket) -> bool:
     return conn.recv(1) == GO
 
 
-def _receive(conn: socket.socket):
-    """(pid, fds, cwd, umask, argv, env) of a request this server serves, or None."""
+def _receive(conn: socket.socket, world: tuple):
+    """(pid, fds, cwd, umask, argv, env) of a request this server serves (its
+    peer of our uid, in our `world`), or None."""
     pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     conn.settimeout(10.0)
     data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
     fds = [fd for level, kind, payload in ancillary
            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
            for fd in struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4])]
-    if uid != os.geteuid() or pid <= 0 or len(fds) != 3 or not _same_world(pid) or len(data) < 4:
+    if uid != os.geteuid() or pid <= 0 or len(fds) != 3 or _world(pid) != world or len(data) < 4:
         return None
     size = struct.unpack("<I", data[:4])[0]
     if size > MAX_REQUEST:
@@ -249,15 +254,15 @@ def _receive(conn: socket.socket):
     return pid, fds, cwd, umask, argv, {k: v for k, sep, v in env if k and sep}
 
 
-def _same_world(pid: int) -> bool:
-    """The launcher sees the files and the pids as we do: our mount and pid
-    namespaces and root (its pid is what the create records as its creator)."""
+def _world(pid) -> tuple:
+    """How a process sees files and pids: its mount and pid namespaces and its
+    root (a launcher's pid is what the create records as its creator); () if
+    it is gone."""
     try:
-        return all(os.stat(f"/proc/{pid}/{what}").st_ino == os.stat(f"/proc/self/{what}").st_ino and
-                   os.stat(f"/proc/{pid}/{what}").st_dev == os.stat(f"/proc/self/{what}").st_dev
-                   for what in ("ns/mnt", "ns/pid", "root"))
+        return tuple((st.st_dev, st.st_ino) for st in (os.stat(f"/proc/{pid}/{what}")
+                                                       for what in ("ns/mnt", "ns/pid", "root")))
     except OSError:
-        return False
+        return ()
 
 
 def _run(pid: int, fds: list, cwd: bytes, umask: int, argv: list, env: dict) -> bytes:
