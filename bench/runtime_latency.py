@@ -59,7 +59,7 @@ from pathlib import Path
 from sim_runtime import ROOT, private_config, sim_config_missing
 
 sys.path.insert(0, str(ROOT))
-from tests.conftest import processes_with_env  # noqa: E402
+from tests.conftest import has_children, processes_with_env  # noqa: E402
 
 LAUNCHER = ROOT / "build" / "hami-runtime"
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
@@ -184,7 +184,7 @@ class Setup:
 
     def server_quiet(self) -> bool:
         """No create server of ours has a child (a request in flight, or one not yet reaped)."""
-        return not any(server_busy(pid) for pid in self.servers())
+        return not any(has_children(pid) for pid in self.servers())
 
     def background_gone(self, timeout=20.0):
         """Waits until no detached release or warm-up the launcher started is
@@ -232,15 +232,6 @@ def server_share(served: dict, op: str, warmth: str) -> float:
     A cold row's GPU container runs a Python of its own: no server serves it."""
     total = sum(sum(samples) for (o, w, _), samples in served.items() if (o, w) == (op, warmth))
     return total / len(served[(op, warmth, "gpu")]) if total else 0.0
-
-
-def server_busy(pid) -> bool:
-    """The server has a child: a request in flight, or one not yet reaped."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return bool(handle.read().split())
-    except OSError:
-        return False
 
 
 def stats(samples):

@@ -107,6 +107,15 @@ def processes_with_env(*entries: bytes) -> list:
     return found
 
 
+def has_children(pid: int) -> bool:
+    """The process has a child (a zombie not yet reaped included); False once it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return bool(handle.read().split())
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_create_server_left(tmp_path_factory):
     """The create servers the launcher started for this session's nodes end

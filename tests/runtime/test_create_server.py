@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hami_runtime.lifecycle import create_server
-from tests.conftest import processes_with_env
+from tests.conftest import has_children, processes_with_env
 
 from .node import LAUNCHER
 from .test_launcher_fastpath import holders, settled, warmed
@@ -42,11 +42,8 @@ def no_requests_in_flight(node, timeout=30.0) -> bool:
     """Waits until the node's servers have no child (no request being served)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            if not any(open(f"/proc/{pid}/task/{pid}/children").read().split() for pid in server_pids(node)):
-                return True
-        except OSError:
-            pass
+        if not any(has_children(pid) for pid in server_pids(node)):
+            return True
         time.sleep(0.02)
     return False
 
@@ -370,3 +367,24 @@ def test_doctor_names_the_server(served):
     assert f"create server: pid {pid}, at {socket_path(node)}" in node.hamictl("doctor").stdout
     configure(node, create_server_idle_s=0)
     assert "create server: off" in node.hamictl("doctor").stdout
+
+
+def test_a_served_tenant_cannot_reach_the_server(served):
+    """Root in a served GPU container finds no socket and no mount of the
+    server's dir, nor of the persistent config cache: only what the slice mounts."""
+    node = served
+    bundle = node.bundle("tenant", GPU, args=("sh", "-c", "find / -xdev -type s 2>/dev/null; "
+                                                       "cat /proc/self/mountinfo"))
+    out, log = node.tmp / "tenant.out", node.tmp / "hami.log"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([str(LAUNCHER), "--root", str(node.runc_root), "run", "--bundle", str(bundle),
+                                 "tenant"], stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                env=node.env, cwd=node.tmp)
+        assert proc.wait(60) == 0, out.read_text()
+    assert f" pid={proc.pid} tenant:" not in log.read_text()  # served, not its own Python
+    seen = out.read_text()
+    assert "CUDA" not in seen and "/.hami/limits" in seen, seen
+    for hidden in (create_server.SERVER_DIR + "/", "/var/cache/hami", str(node.state_dir) + "/cache"):
+        assert hidden not in seen, seen
+    sockets = [line for line in seen.splitlines() if line.startswith("/") and " " not in line]
+    assert all(path.startswith("/run/hami-sim/") for path in sockets), sockets  # the simulator's pid service only
