@@ -279,6 +279,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
     from .rootfs import etc_hold
     etc = etc_hold(bundle, spec)  # refused before anything is allocated
+    state_layout.make_state_dir(cfg.state_dir)  # before its caches are read
     gpus = discovery_cache.gpus(cfg)
     majors = device_majors(cfg)
     capabilities = driver_capabilities.parse(requests.env_map(env).get(driver_capabilities.VARIABLE))

@@ -13,6 +13,7 @@ from ..errors import HamiError
 from ..files import atomic_write, read_state_file, sha256_hex
 from ..ids import check_container_id
 from ..names import root_key as root_key_ok
+from .. import path_trust
 
 SUBDIRS = ("containers", "private")
 PID_FILE = "pid"
@@ -90,6 +91,20 @@ def stored_name_problem(name, runc_root, cid, what: str = "id") -> str:
     if name != expected:
         return f"stored as {name!r}, but its runc root and {what} name it {expected!r}"
     return ""
+
+
+def make_state_dir(state_dir: str) -> None:
+    """The state dir, made if missing, refused when anyone but root could
+    replace it or a dir above it, and kept host-only (path_trust.STATE_DIR_MODE)."""
+    try:
+        problem = path_trust.make_state_dir(state_dir)
+    except OSError as exc:
+        raise HamiError("config state_dir", state_dir, f"cannot use: {exc.strerror}") from None
+    if problem:
+        raise HamiError("config state_dir", state_dir,
+                        f"{problem}: a user other than root could replace the node's state "
+                        "(the state dir and every dir above it must be root's and not writable "
+                        "by group or others)")
 
 
 def subdir_fd(state_dir: str, sub: str, create: bool = False) -> int | None:

@@ -54,8 +54,8 @@ from ..ids import check_container_id
 from ..names import gpu_uuid
 from ..policies import CORE_POLICIES
 from .state_layout import (
-    MAX_DEVICES, SUBDIRS, alloc_name, creator_problem, is_int, remove_at, remove_dirs, runc_made,
-    stored_name_problem, subdir_fd, _well_formed)
+    MAX_DEVICES, SUBDIRS, alloc_name, creator_problem, is_int, make_state_dir, remove_at, remove_dirs,
+    runc_made, stored_name_problem, subdir_fd, _well_formed)
 
 VERSION = 2
 STATE_FILE = "allocations.json"
@@ -338,8 +338,8 @@ def _load(state_dir: str) -> State:
 
 
 def open_lock(state_dir: str) -> int:
+    make_state_dir(state_dir)
     try:
-        os.makedirs(state_dir, mode=0o755, exist_ok=True)
         return open_state_file(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT)
     except OSError as exc:
         raise HamiError("config state_dir", state_dir, f"cannot use: {exc.strerror}") from None

@@ -21,6 +21,7 @@ import time
 
 from ..errors import HamiError
 from ..files import atomic_write, file_key, read_state_file, sha256_hex
+from ..path_trust import make_state_dir
 from . import discovery
 from .gpu import GpuInfo
 
@@ -146,6 +147,8 @@ def _write(cfg, name: str, key: dict, value) -> None:
         return  # no boot id: a reboot could not be told apart
     directory = os.path.join(cfg.state_dir, CACHE_DIR)
     try:
+        if make_state_dir(cfg.state_dir):
+            return  # a state dir others could replace: nothing is kept there
         os.makedirs(directory, mode=0o755, exist_ok=True)
         _remove_stale_temps(directory)
         atomic_write(os.path.join(directory, name),

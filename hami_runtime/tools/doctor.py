@@ -7,7 +7,8 @@ Exit status 0 on a healthy node, one where nothing was ever allocated
 included; 1 only for faults it names. Notes (a dead entry, a dir no entry
 owns: what the next allocator operation frees) are shown, and are no fault.
 
-Findings: a state or lock file that is not a regular file of ours (a symlink,
+Findings: a state dir that a user other than root could replace (it or a
+dir above it theirs, or writable by group or others), a state or lock file that is not a regular file of ours (a symlink,
 a FIFO, a device, too large, foreign-owned), a state file that does not
 parse, a containers/ or private/ that is a symlink, invalid entries (bad
 fields, or sizes and UUIDs that do not fit this node's GPUs), invalid pod
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from typing import List, NamedTuple
 
@@ -27,6 +29,7 @@ import click
 
 from ..errors import HamiError
 from ..files import read_state_file
+from ..path_trust import STATE_DIR_MODE, replace_problem
 from ..lifecycle import allocator, state_layout, store
 from . import json_output
 
@@ -163,11 +166,21 @@ def check_state(cfg, gpus, repair: bool, faults: List[str], notes: List[str]):
     """The state dir's findings go to faults (notes with --repair, which puts
     each right); returns what it holds, in words, and its allocations (None
     where a fault keeps it from being read)."""
+    problem = replace_problem(cfg.state_dir)
+    if problem:
+        faults.append(f"{cfg.state_dir}: {problem}: a user other than root could replace the "
+                      "node's state; creates are refused until the state dir is somewhere only "
+                      "root can write")
+        return "", None
     if not os.path.lexists(cfg.state_dir):
         return f"{cfg.state_dir}: no state dir yet: nothing was ever allocated on this node", 0
     if not os.path.isdir(cfg.state_dir):
         faults.append(f"{cfg.state_dir}: the state dir is not a directory")
         return "", None
+    mode = stat.S_IMODE(os.stat(cfg.state_dir).st_mode)
+    if mode != STATE_DIR_MODE:
+        notes.append(f"{cfg.state_dir}: mode {mode:04o} lets other users reach the containers' "
+                     f"regions; the allocator's next operation makes it {STATE_DIR_MODE:04o}")
     found: List[str] = []
     check_files(cfg.state_dir, repair, found)
     if not repair and found:
