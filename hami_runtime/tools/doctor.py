@@ -7,9 +7,10 @@ Exit status 0 on a healthy node, one where nothing was ever allocated
 included; 1 only for faults it names. Notes (a dead entry, a dir no entry
 owns: what the next allocator operation frees) are shown, and are no fault.
 
-Findings: a state dir that a user other than root could replace (it or a
-dir above it theirs, or writable by group or others), a state or lock file that is not a regular file of ours (a symlink,
-a FIFO, a device, too large, foreign-owned), a state file that does not
+Findings: a state dir that a user other than root could replace (it or a dir
+above it theirs, or writable by group or others), a state or lock file that is
+not a regular file of ours (a symlink, a FIFO, a device, too large,
+foreign-owned), a state file that does not
 parse, a containers/ or private/ that is a symlink, invalid entries (bad
 fields, or sizes and UUIDs that do not fit this node's GPUs), invalid pod
 records, dead entries and dirs no entry owns. Repair moves a bad file aside (renaming never follows
@@ -29,8 +30,8 @@ import click
 
 from ..errors import HamiError
 from ..files import read_state_file
-from ..path_trust import STATE_DIR_MODE, replace_problem
 from ..lifecycle import allocator, state_layout, store
+from ..path_trust import STATE_DIR_MODE, replace_problem
 from . import json_output
 
 
