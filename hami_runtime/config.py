@@ -3,11 +3,12 @@ the lookup of the real runtime.
 
 The keys, their types, bounds and defaults are config_model.NodeConfig's. A file
 is validated through that model when it is not the one validated before; its
-values are then kept in the state dir's cache (config_cache.py), keyed by the
-file's identity and the model's, so a create with an unchanged config reads
-neither TOML nor the model. A copy is kept in /var/cache/hami too: the state
-dir is a tmpfs emptied at boot while the config file stays, and the first
-create after a boot need not validate it again.
+values are then kept in the state dir's cache (config_cache.py), bound to the
+file's identity and bytes and the model's by the node's cache key, so a create
+with an unchanged config reads neither TOML nor the model. A copy is kept in
+/var/cache/hami too: the state dir is a tmpfs emptied at boot while the config
+file stays, and the first create after a boot need not validate it again. A
+cache entry that cannot be trusted is refused with a line in the runtime's log.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def load(path: str | None = None) -> Config:
     except FileNotFoundError:
         if path == DEFAULT_PATH and "HAMI_CONFIG" not in os.environ:
             return _validated(b"", "", path, config_cache.DEFAULT_STATE_DIR,
-                              ["no config file", path])
+                              [config_cache.NO_CONFIG_FILE, path])
         raise HamiError("HAMI_CONFIG", path, "config file not found") from None
     except OSError as exc:
         raise HamiError("HAMI_CONFIG", path, f"cannot read config file: {exc.strerror}") from None
@@ -98,9 +99,9 @@ def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: lis
         key = [file_key, config_cache.file_key(MODEL_FILE, os.stat(MODEL_FILE))]
     except OSError:
         key, hint = None, ""
-    values = config_cache.lookup(hint, key, looked_for)
+    values, refusals = config_cache.lookup(hint, key, looked_for, text)
     if values is not None and values.get("state_dir") == hint:
-        return Config.from_values({**values, "path": path})
+        return _logged(Config.from_values({**values, "path": path}), refusals)
     from .config_model import validate
     if sys.version_info >= (3, 11):
         import tomllib
@@ -112,8 +113,18 @@ def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: lis
         raise HamiError("HAMI_CONFIG", path, f"not valid TOML: {exc}") from None
     values = validate(raw, path)
     if hint and values["state_dir"] == hint:
-        config_cache.store(hint, key, values, looked_for)
-    return Config.from_values({**values, "path": path})
+        config_cache.store(hint, key, values, looked_for, text)
+    return _logged(Config.from_values({**values, "path": path}), refusals)
+
+
+def _logged(cfg: Config, refusals: list) -> Config:
+    """cfg, once each cache entry refused on the way to it has its line in the
+    log that cfg (the trusted config, never the refused entry) names."""
+    if refusals:
+        from . import log
+        for level, line in refusals:
+            log.write(cfg, level, line)
+    return cfg
 
 
 def real_runtime(cfg: Config) -> str:

@@ -1,7 +1,9 @@
 # make install / make uninstall / make deb: the runtime in a Python environment
 # of its own under $(PREFIX)/lib/hami, made with $(PYTHON) (the layout:
 # packaging/install.py). DESTDIR stages the same files for packagers; they name
-# PREFIX, and work once copied there.
+# PREFIX, and work once copied there. make uninstall leaves the node's config
+# cache (/var/cache/hami, /var/lib/hami/cache-key), which every install shares,
+# and says so.
 PYTHON ?= python3
 SYSCONFDIR ?= /etc
 DEB_PYTHON ?= /usr/bin/python3

@@ -22,6 +22,13 @@ every installed file names PREFIX, so a DESTDIR tree works once copied there):
                           where no program of that name is on PATH (not in a .deb)
   SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there
 
+What the runtime makes on the node as it runs is not the install's, and
+uninstall leaves it, saying so: /var/cache/hami (copies of the validated
+config, kept over a reboot) and /var/lib/hami/cache-key (the key whose MAC
+makes such a copy usable). Every hami-runtime on the node shares them (a
+package, another PREFIX, a source tree): removing them under another would
+only make it validate its config again, and they are useless once none is left.
+
 The installed runtime, launcher and hamictl read SYSCONFDIR/hami/config.toml
 when HAMI_CONFIG is unset (the launcher is built with it, config.py's
 DEFAULT_PATH is written with it).
@@ -57,6 +64,9 @@ LAUNCHER_LINK = "../lib/hami/hami-runtime"  # bin/hami-runtime, relative: DESTDI
 SAFE_PATH = re.compile(r"/[A-Za-z0-9._+@/-]*")
 # config.py's default config, which an install sets to its SYSCONFDIR's
 DEFAULT_PATH_LINE = re.compile(r'^DEFAULT_PATH = "[^"\n]*"', re.M)
+# the node's config cache: hami_runtime/config_cache.py's PERSISTENT_DIR and KEY_DIR/KEY_FILE
+NODE_CONFIG_CACHE = "/var/cache/hami"
+NODE_CACHE_KEY = "/var/lib/hami/cache-key"
 PROBE = ("import os, platform, sys; print(os.path.realpath(sys.executable)); "
          "print('%d.%d' % sys.version_info[:2]); print(sys.implementation.cache_tag); "
          "print(platform.machine())")
@@ -343,6 +353,11 @@ def uninstall(layout: Layout) -> None:
             print(f"uninstall: kept {layout.config}: edited")
     print(f"uninstall: hami-runtime removed from {layout.prefix}" if removed else
           f"uninstall: no hami-runtime in {layout.prefix}")
+    node_cache = [p for p in (NODE_CONFIG_CACHE, NODE_CACHE_KEY) if os.path.lexists(p)]
+    if node_cache and not layout.destdir:  # a staged tree has none of the node's
+        print(f"uninstall: left {' and '.join(node_cache)}: the validated config's copies and "
+              "the key that vouches for them, which every hami-runtime on this node shares; "
+              f"once none is left, remove them with: rm -r {' '.join(node_cache)}")
 
 
 def glibc_needed(tree: Path) -> str:

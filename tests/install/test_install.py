@@ -170,6 +170,35 @@ def test_uninstall_leaves_nothing(tmp_path, edit, config_left):
     assert ("kept" in out) == config_left
 
 
+def test_uninstall_says_what_it_leaves_of_the_node(tmp_path, monkeypatch, capsys):
+    """The node's config cache and its key are the runtime's, shared by every
+    install on the node: uninstall leaves them, naming them and why; a staged
+    (DESTDIR) tree has none of them to speak of."""
+    import importlib.util
+
+    from hami_runtime import config_cache
+    spec = importlib.util.spec_from_file_location("install_py", ROOT / "packaging" / "install.py")
+    install_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(install_py)
+    assert install_py.NODE_CONFIG_CACHE == config_cache.PERSISTENT_DIR
+    assert install_py.NODE_CACHE_KEY == os.path.join(config_cache.KEY_DIR, config_cache.KEY_FILE)
+    cache, key = tmp_path / "var-cache-hami", tmp_path / "var-lib-hami" / "cache-key"
+    monkeypatch.setattr(install_py, "NODE_CONFIG_CACHE", str(cache))
+    monkeypatch.setattr(install_py, "NODE_CACHE_KEY", str(key))
+    layout = install_py.Layout(str(tmp_path / "prefix"), "", str(tmp_path / "etc"))
+    install_py.uninstall(layout)
+    assert "left" not in capsys.readouterr().out  # nothing of the node's there
+    cache.mkdir()
+    key.parent.mkdir()
+    key.write_bytes(b"k" * 32)
+    install_py.uninstall(layout)
+    assert f"uninstall: left {cache} and {key}: " in capsys.readouterr().out
+    assert cache.is_dir() and key.is_file()
+    install_py.uninstall(install_py.Layout(str(tmp_path / "prefix"), str(tmp_path / "stage"),
+                                           str(tmp_path / "etc")))
+    assert "left" not in capsys.readouterr().out
+
+
 def test_bad_prefix_is_one_line(tmp_path):
     proc = make("install", "PREFIX=relative/dir", f"SYSCONFDIR={tmp_path}")
     assert proc.returncode != 0
