@@ -46,6 +46,7 @@ import time
 
 from .errors import HamiError
 from .files import atomic_write, file_key, read_state_file, sha256_hex
+from .path_trust import make_state_dir, replace_problem
 
 __all__ = ["file_key", "lookup", "store", "state_dir_hint", "cache_key"]
 
@@ -117,8 +118,12 @@ def _ours(st) -> bool:
 
 def persistent_dir_problem() -> str:
     """'' when PERSISTENT_DIR is a directory, not a symlink, root's or ours,
-    that no one else may write in (or swap its entries); else why not."""
+    that no one else may write in (or swap its entries), in dirs no one else
+    may change (path_trust); else why not."""
     try:
+        above = replace_problem(os.path.dirname(PERSISTENT_DIR))
+        if above:
+            return above
         st = os.lstat(PERSISTENT_DIR)
     except FileNotFoundError:
         return "missing"
@@ -137,9 +142,13 @@ def persistent_dir_trusted() -> bool:
 
 def _open_key_dir() -> int:
     """An fd of KEY_DIR (made 0700 where missing), checked: a real directory,
-    root's or ours, that no one else may write in."""
+    root's or ours, that no one else may write in, in dirs no one else may
+    change (path_trust)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
+        above = replace_problem(os.path.dirname(KEY_DIR))
+        if above:
+            raise Refused(above)
         fd = os.open(KEY_DIR, flags)
     except FileNotFoundError:
         try:
@@ -314,6 +323,16 @@ def _verified(path: str, secret: bytes, bound: dict, refusals: list):
     return data, body["values"]
 
 
+def _write_state_entry(state_dir: str, data: bytes) -> bool:
+    """_write into the state dir, where no one but root could replace it (path_trust)."""
+    try:
+        if make_state_dir(state_dir):
+            return False
+    except OSError:
+        return False
+    return _write(entry_path(state_dir), data)
+
+
 def _write(path: str, data: bytes) -> bool:
     """Whether the entry was written (an unwritable place is not an error)."""
     try:
@@ -341,7 +360,7 @@ def lookup(state_dir: str, key: list, config_path: str, text: bytes):
     if found is None and persistent_dir_trusted():
         found = _verified(persistent_path(config_path), secret, bound, refusals)
         if found is not None:
-            _write(entry_path(state_dir), found[0])
+            _write_state_entry(state_dir, found[0])
     return (found[1] if found else None), refusals
 
 
@@ -360,7 +379,7 @@ def store(state_dir: str, key: list, values: dict, config_path: str, text: bytes
     data = b'{"version":%d,"mac":"%s","body":%s}' % (VERSION, _mac(secret, body).encode(), body)
     if len(data) > LIMIT:
         return
-    if _write(entry_path(state_dir), data):
+    if _write_state_entry(state_dir, data):
         _remove_stale_temps(os.path.dirname(entry_path(state_dir)))
     try:
         os.makedirs(PERSISTENT_DIR, mode=0o755, exist_ok=True)

@@ -47,9 +47,12 @@ def replace_problem(path: str) -> str:
         try:
             child_st = os.lstat(child)
         except FileNotFoundError:
-            return ""
-        if _writable_by_others(st) and not (st.st_mode & stat.S_ISVTX and _trusted(child_st)):
+            child_st = None  # made by the runtime, in a sticky dir checked again once made
+        if _writable_by_others(st) and not (st.st_mode & stat.S_ISVTX
+                                            and (child_st is None or _trusted(child_st))):
             return f"{current} is writable by group or others, who could replace {child}"
+        if child_st is None:
+            return ""
         if stat.S_ISLNK(child_st.st_mode):  # in a dir no one else may change: it stays as it is
             links += 1
             if links > _MAX_LINKS:

@@ -96,7 +96,16 @@ def test_the_state_dir_is_made_for_the_cache(tmp_path, settled):
     path.write_text(f'state_dir = "{tmp_path / "absent"}"\n')
     config.load(str(path))
     assert sorted(p.name for p in (tmp_path / "absent").iterdir()) == ["cache"]
-    assert (tmp_path / "absent").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "absent").stat().st_mode & 0o777 == 0o700  # host-only, as the allocator keeps it
+
+
+def test_nothing_is_kept_in_a_state_dir_others_could_replace(tmp_path, settled):
+    """The cache is written only where the allocator would work (path_trust)."""
+    tmp_path.chmod(0o777)
+    path = tmp_path / "hami.toml"
+    path.write_text(f'state_dir = "{tmp_path / "absent"}"\n')
+    config.load(str(path))
+    assert not (tmp_path / "absent").exists()
 
 
 @pytest.mark.parametrize("body", ["split_count = 0\n", "policy = \"fastest\"\n", "nope = 1\n"])

@@ -162,7 +162,8 @@ def test_a_state_dir_others_could_replace_is_refused(node, case, layout):
         assert proc.stderr.startswith(f"hami-runtime: {line}") and proc.stderr.count("\n") == 1, proc.stderr
         assert line in (node.tmp / "runc.log").read_text()
         assert doctor.returncode == 1 and f"{node.state_dir}: {problem}" in doctor.stdout, doctor.stdout
-        assert sorted(os.listdir(base)) == before and node.containers() == []
+        assert sorted(os.listdir(base)) == before, list(os.walk(base))
+        assert node.containers() == []
         if node.state_dir.is_dir():
             assert os.listdir(node.state_dir) == []
     finally:
