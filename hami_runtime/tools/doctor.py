@@ -32,7 +32,7 @@ from ..errors import HamiError
 from ..files import read_state_file
 from ..lifecycle import allocator, state_layout, store
 from ..path_trust import STATE_DIR_MODE, replace_problem
-from . import json_output
+from . import display_text, json_output
 
 
 def _aside(path: str) -> str:
@@ -316,14 +316,14 @@ def doctor_command(ctx, repair, as_json):
     else:
         # faults first: a probe that keeps the first line (node-problem-detector) shows one
         for line in report.faults:
-            click.echo(f"fault: {line}")
+            display_text.echo(f"fault: {line}")
         state = [found for name, found in report.checks if name == "state"]
         for name, found in report.checks:
             if name != "state":
-                click.echo(f"{name}: {found}")
+                display_text.echo(f"{name}: {found}")
         for line in report.notes:
-            click.echo(f"note: {line}")
+            display_text.echo(f"note: {line}")
         for line in state:  # last: what most runs end with
-            click.echo(line)
+            display_text.echo(line)
     if report.faults:
         ctx.exit(1)

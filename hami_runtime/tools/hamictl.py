@@ -10,7 +10,7 @@ import click
 from .. import config as config_mod
 from ..errors import HamiError
 from ..version import DISTRIBUTION
-from . import json_output
+from . import display_text, json_output
 
 
 def _config(path):
@@ -18,6 +18,7 @@ def _config(path):
 
 
 def _table(headers, rows) -> str:
+    rows = [[display_text.one_line(str(c)) for c in row] for row in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else \
         [len(h) for h in headers]
     line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
@@ -34,8 +35,8 @@ def state_now(cfg):
     with store.transaction(cfg.state_dir) as state:
         allocations, invalid = dict(state.allocations), dict(state.invalid)
     for name, bad in sorted(invalid.items()):
-        click.echo(f"hamictl: invalid state entry {name!r}: {bad['reason']} (it holds its GPUs "
-                   "until `hamictl doctor --repair`)", err=True)
+        display_text.echo(f"hamictl: invalid state entry {name!r}: {bad['reason']} (it holds its "
+                          "GPUs until `hamictl doctor --repair`)", err=True)
     return allocations, invalid
 
 
@@ -119,27 +120,28 @@ def gpus(ctx, as_json):
     if as_json:
         click.echo(json_output.dumps(rows))
         return
-    click.echo(_table(["INDEX", "UUID", "MODEL", "MEMORY", "SLOTS", "MEM ALLOC", "CORES ALLOC",
-                       "DRIVER USED", "OUTSIDE SLICES", "UTIL"], [
+    lines = [_table(["INDEX", "UUID", "MODEL", "MEMORY", "SLOTS", "MEM ALLOC", "CORES ALLOC",
+                     "DRIVER USED", "OUTSIDE SLICES", "UTIL"], [
         [r["name"], r["uuid"], r["model"], f"{r['memory_mib']}MiB",
          f"{r['slots_used']}/{r['slots']}", f"{r['memory_allocated_mib']}/{r['capacity_mib']}MiB",
          f"{r['cores_allocated']}%", node_view.or_unknown(r.get("driver_memory_used_mib"), "MiB"),
          node_view.or_unknown(r.get("memory_outside_mib"), "MiB"),
          node_view.or_unknown(r.get("utilization_pct"), "%")]
-        for r in rows]))
+        for r in rows])]
     for r in rows:
         for h in r.get("containers", ()):
-            click.echo(f"GPU {r['name']}: {h['id'][:12]} {node_view.shown_name(h)} {h['memory_mib']}MiB "
-                       f"{h['cores']}% (request from {h['request_source'] or '?'})")
+            lines.append(f"GPU {r['name']}: {h['id'][:12]} {node_view.shown_name(h)} {h['memory_mib']}MiB "
+                         f"{h['cores']}% (request from {h['request_source'] or '?'})")
         if r.get("outside_pids"):
-            click.echo(f"GPU {r['name']}: {r['memory_outside_mib']}MiB held outside every slice by "
-                       f"pid {', '.join(map(str, r['outside_pids']))}")
+            lines.append(f"GPU {r['name']}: {r['memory_outside_mib']}MiB held outside every slice by "
+                         f"pid {', '.join(map(str, r['outside_pids']))}")
         if not r.get("driver_read", True) and not r["parent"]:
-            click.echo(f"GPU {r['name']}: driver not read: {r['driver_error']}")
+            lines.append(f"GPU {r['name']}: driver not read: {r['driver_error']}")
         if r["blocked"]:
-            click.echo(f"GPU {r['name']} takes no new allocation: {r['blocked']}")
+            lines.append(f"GPU {r['name']} takes no new allocation: {r['blocked']}")
         if r["mig_mode"]:
-            click.echo(f"GPU {r['name']} is in MIG mode: its MIG instances are given, each whole, not it")
+            lines.append(f"GPU {r['name']} is in MIG mode: its MIG instances are given, each whole, not it")
+    display_text.echo("\n".join(lines))
 
 
 @cli.command()
@@ -148,6 +150,7 @@ def gpus(ctx, as_json):
 def ps(ctx, as_json):
     """Allocations: container, GPU, memory, cores, PID."""
     from ..lifecycle import state_layout
+    from .node_view import identity_of
     cfg = _config(ctx.obj["config_path"])
     rows = []
     for name, entry in sorted(allocations(cfg).items(), key=lambda kv: (kv[1]["id"], kv[0])):
@@ -156,11 +159,11 @@ def ps(ctx, as_json):
             rows.append({"container": entry["id"], "runc_root": entry["runc_root"],
                          "gpu": device.get("index"), "uuid": device["uuid"],
                          "memory_mib": device["mem_mib"], "cores": device["cores"],
-                         "pid": pid, "identity": entry.get("identity", {})})
+                         "pid": pid, "identity": identity_of(entry)})
     if as_json:
         click.echo(json_output.dumps(rows))
         return
-    click.echo(_table(["CONTAINER", "GPU", "UUID", "MEMORY", "CORES", "PID", "NAME"], [
+    display_text.echo(_table(["CONTAINER", "GPU", "UUID", "MEMORY", "CORES", "PID", "NAME"], [
         [r["container"], r["gpu"], r["uuid"], f"{r['memory_mib']}MiB", f"{r['cores']}%",
          r["pid"] or "-", "/".join(v for k, v in sorted(r["identity"].items())
                                    if k.endswith("name")) or "-"] for r in rows]))

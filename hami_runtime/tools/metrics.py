@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import MetricsHandler
 
 from . import node_view, top
+from .display_text import valid_utf8
 
 MiB = 1024 * 1024
 CONTAINER_LABELS = ["container", "root", "pod_namespace", "pod_name", "container_name",
@@ -152,7 +153,10 @@ class NodeSource(NamedTuple):
 
 
 def container_labels(c) -> list:
-    return [c.id, c.root_key, c.pod_namespace, c.pod_name, c.container_name, c.request_source]
+    """Every value valid UTF-8, as the text format needs (the names come bounded
+    from node_view; prometheus_client escapes backslash, quote and newline)."""
+    return [valid_utf8(x) for x in (c.id, c.root_key, c.pod_namespace, c.pod_name,
+                                    c.container_name, c.request_source)]
 
 
 class RegionCollector:
@@ -188,8 +192,8 @@ class RegionCollector:
             readable.add_metric(container, 0 if c.error else 1)
             if c.error:
                 continue
-            info.add_metric(container, dict(zip(INFO_LABELS, (c.runc_root, c.core_policy,
-                                                              str(c.priority)))))
+            info.add_metric(container, dict(zip(INFO_LABELS, map(valid_utf8, (
+                c.runc_root, c.core_policy, str(c.priority))))))
             for d in c.devices:
                 labels = container + [str(d.index), d.uuid]
                 for metric, value in per_device:

@@ -14,8 +14,10 @@ is (its Kubernetes pod and name) and where its request came from.
   container's region counts (nor is its first process): a process on the host,
   a container of another runtime, or a process that bypassed libvgpu.
 - A container's names come from the annotations the engine wrote into its spec
-  (containerd's and CRI-O's keys, as the allocator record keeps them); they are
-  cut to MAX_LABEL characters.
+  (containerd's and CRI-O's keys, as the allocator record keeps them): the
+  tenant's text, read here once for every tool: cut to MAX_LABEL characters,
+  valid UTF-8, printable but for newlines (display_text.value); a table shows
+  them as one printable line.
 """
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ from typing import Dict, Iterable, List, Mapping, Optional
 
 from ..lifecycle.request_keys import ENV_KEYS, VISIBLE
 from ..node.gpu import GpuInfo
+from . import display_text
 
 MiB = 1024 * 1024
-MAX_LABEL = 256
+MAX_LABEL = display_text.MAX_SHOWN
 DRIVER_DEADLINE_S = 0.5
 
 # (pod namespace, pod name, container name) keys, containerd's first, then CRI-O's
@@ -45,8 +48,18 @@ ENV_SOURCE_KEYS = (VISIBLE,) + ENV_KEYS
 
 
 def bounded(value) -> str:
-    """A label value from what a container's spec said: text only, cut to MAX_LABEL."""
-    return value[:MAX_LABEL] if isinstance(value, str) else ""
+    """A label value from what a container's spec said (display_text.value):
+    text only, cut to MAX_LABEL, valid UTF-8, printable but for newlines."""
+    return display_text.value(value, MAX_LABEL)
+
+
+def identity_of(entry) -> Dict[str, str]:
+    """The identity annotations an allocator record keeps, keys and values
+    bounded ({} where it keeps none)."""
+    identity = entry.get("identity") if isinstance(entry, dict) else None
+    if not isinstance(identity, dict):
+        return {}
+    return {bounded(k): bounded(v) for k, v in identity.items() if isinstance(k, str)}
 
 
 def request_source(request) -> str:
@@ -64,9 +77,8 @@ def container_meta(entry) -> Dict[str, str]:
     """pod_namespace, pod_name, container_name, request_source of an allocator
     record ('' for what it does not say)."""
     entry = entry if isinstance(entry, dict) else {}
-    identity = entry.get("identity")
-    identity = identity if isinstance(identity, dict) else {}
-    meta = {label: next((bounded(identity[k]) for k in keys if bounded(identity.get(k))), "")
+    identity = identity_of(entry)
+    meta = {label: next((identity[k] for k in keys if identity.get(k)), "")
             for label, keys in NAME_KEYS.items()}
     meta["request_source"] = request_source(entry.get("request"))
     return meta
@@ -80,7 +92,7 @@ def shown_name(meta) -> str:
         text = "/".join(x for x in (get("pod_namespace"), get("pod_name"), get("container_name")) if x)
     else:
         text = get("container_name") or "-"
-    return "".join(ch if ch.isprintable() else "?" for ch in text)  # one line in a table
+    return display_text.one_line(text)
 
 
 def or_unknown(value, unit: str = "") -> str:

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import click
 
-from . import json_output
+from . import display_text, json_output
 
 MiB = 1024 * 1024
 
@@ -325,6 +325,7 @@ def render_table(containers: List[ContainerView]) -> str:
 
 
 def _columns(rows) -> str:
+    rows = [[display_text.one_line(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
                      for row in rows)
@@ -429,7 +430,7 @@ def top_command(state_dir, interval, as_json, watch, count):
             if as_json:
                 click.echo(render_json(containers, interval, gpus))
             else:
-                click.echo("\n\n".join(x for x in (render_table(containers), render_gpus(gpus)) if x))
+                display_text.echo("\n\n".join(x for x in (render_table(containers), render_gpus(gpus)) if x))
             shown += 1
             if not watch or (count is not None and shown >= count):
                 return
