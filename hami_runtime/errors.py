@@ -19,8 +19,10 @@ class HamiError(Exception):
         value = self.value if isinstance(self.value, str) else repr(self.value)
         if len(value) > 200:
             value = value[:200] + "..."
-        # repr: a newline or other control character in the value stays on this one line
-        return f"{self.field}={value!r}: {self.reason}" if value != "" else f"{self.field}: {self.reason}"
+        # repr: a newline or other control character in the value (or in a field
+        # that is the tenant's annotation key) stays on this one line, escaped
+        field = self.field if self.field.isprintable() else ascii(self.field)[1:-1]
+        return f"{field}={value!r}: {self.reason}" if value != "" else f"{field}: {self.reason}"
 
 
 def _rfc3339() -> str:

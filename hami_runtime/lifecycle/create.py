@@ -30,8 +30,13 @@ IDENTITY_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-na
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8"]
 
 
+MAX_IDENTITY = 256  # characters kept of each name: a Kubernetes name has at most 253
+
+
 def identity(annotations: dict[str, str]) -> dict[str, str]:
-    return {k: annotations[k] for k in IDENTITY_KEYS if k in annotations}
+    """The names the tools show, each cut: they are the tenant's text, and the
+    state file every create reads has a bounded size."""
+    return {k: annotations[k][:MAX_IDENTITY] for k in IDENTITY_KEYS if k in annotations}
 
 
 def device_majors(cfg: Config) -> dict[str, int]:

@@ -21,7 +21,8 @@ def load(bundle: str) -> dict:
     except OSError as exc:
         raise HamiError("bundle", bundle, f"cannot read config.json: {exc.strerror}") from None
     try:
-        spec = json.loads(raw)
+        # bytes that are not UTF-8 read as U+FFFD, as runc (Go's encoding/json) reads them
+        spec = json.loads(raw.decode("utf-8", "replace"))
     except ValueError as exc:
         raise HamiError(path, raw[:60].decode("utf-8", "replace"), f"not valid JSON: {exc}") from None
     if not isinstance(spec, dict):
