@@ -4,6 +4,7 @@ env entry) cannot start a line of its own, drive a terminal, or fail the write."
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -25,8 +26,17 @@ def write(cfg, level: str, message: str) -> None:
     if not cfg.log_file or LEVELS[level] < LEVELS[cfg.log_level]:
         return
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    line = f"{stamp} {level} pid={os.getpid()} {one_line(message)}\n".encode("utf-8", "replace")
     try:
-        with open(cfg.log_file, "a", encoding="utf-8") as log:
-            log.write(f"{stamp} {level} pid={os.getpid()} {one_line(message)}\n")
+        # never through a link, nor into a FIFO or a device, that someone planted at its name
+        fd = os.open(cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_NOCTTY | os.O_CLOEXEC, 0o640)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.write(fd, line)
     except OSError:
         pass
+    finally:
+        os.close(fd)

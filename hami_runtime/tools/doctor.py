@@ -221,9 +221,15 @@ def check_log(cfg, faults: List[str], checks: List[tuple]) -> None:
         checks.append(("log", "none (config log_file is empty)"))
         return
     target = cfg.log_file if os.path.lexists(cfg.log_file) else os.path.dirname(cfg.log_file)
-    if os.path.isdir(cfg.log_file) or not os.access(target, os.W_OK):
-        why = "is a directory" if os.path.isdir(cfg.log_file) else \
-            f"cannot be written ({target} {'is not writable' if os.path.exists(target) else 'does not exist'})"
+    planted = replace_problem(os.path.dirname(cfg.log_file))
+    why = ""
+    if os.path.isdir(cfg.log_file):
+        why = "is a directory"
+    elif planted:
+        why = f"{planted}: a user other than root could replace the log"
+    elif not os.access(target, os.W_OK):
+        why = f"cannot be written ({target} {'is not writable' if os.path.exists(target) else 'does not exist'})"
+    if why:
         faults.append(explain(HamiError("config log_file", cfg.log_file, why), cfg.path).line())
         return
     checks.append(("log", f"{cfg.log_file} ({cfg.log_level} and above)"))

@@ -169,3 +169,22 @@ def test_a_state_dir_others_could_replace_is_refused(node, case, layout):
     finally:
         node.cleanup()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_link_planted_at_the_logs_name_is_not_followed(node):
+    """A log_file in a dir others may write: a link a user planted there at its
+    name is never written through; doctor names the dir."""
+    logs = node.tmp / "logs"
+    logs.mkdir(mode=0o1777)
+    logs.chmod(0o1777)
+    victim = node.tmp / "victim"
+    victim.write_text("root's file\n")
+    (logs / "hami.log").symlink_to(victim)
+    os.lchown(logs / "hami.log", NOBODY, NOBODY)
+    node.write_config(log_file=str(logs / "hami.log"), log_level="debug")
+    assert node.create("c", node.bundle("c", GPU)).returncode == 0
+    assert victim.read_text() == "root's file\n"
+    doctor = node.hamictl("doctor")
+    assert doctor.returncode == 1
+    assert (f"config log_file='{logs}/hami.log': {logs} is writable by group or others: a user other "
+            "than root could replace the log") in doctor.stdout, doctor.stdout
