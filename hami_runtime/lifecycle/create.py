@@ -18,7 +18,7 @@ from ..config import Config
 from ..errors import HamiError
 from ..ids import check_container_id
 from . import docker_gpus, spec as spec_io
-from .request_keys import mentions_request
+from .request_keys import is_pod_sandbox, mentions_request, unknown_key
 
 if TYPE_CHECKING:
     from . import modifiers
@@ -192,7 +192,7 @@ def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, c
 
 def _passed_through(cfg: Config, cid: str, annotations, env, why: str = "") -> bool:
     """The log line of a container whose spec stays as it came."""
-    from .request_keys import is_pod_sandbox, mentioned_keys
+    from .request_keys import mentioned_keys
     keys = mentioned_keys(annotations, env, cfg.env_requests)
     if keys and not why and is_pod_sandbox(annotations):
         why = "the pod's sandbox container, which runs no GPU work"
@@ -258,6 +258,10 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
     bundle = inv.bundle
     annotations = spec.get("annotations") or {}
     env = (spec.get("process") or {}).get("env") or []
+    misspelt = None if is_pod_sandbox(annotations) else unknown_key(annotations)
+    if misspelt:
+        raise HamiError("annotation", misspelt[0], "not a request key of this runtime nor one HAMi's "
+                        f"scheduler writes; the nearest is {misspelt[1]}")
     if not mentions_request(annotations, env, cfg.env_requests):
         return _passed_through(cfg, cid, annotations, env)
     # Only now the request model, NVML and the allocator are loaded.

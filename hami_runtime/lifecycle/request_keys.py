@@ -44,6 +44,33 @@ def split_key(key: str):
     return None
 
 
+# What else is written under hami.io/: this runtime's own record of an allocation,
+# and what HAMi's scheduler, webhook and device plugins put on a pod (or a node).
+OTHER_HAMI_KEYS = ("allocation", "vgpu-node", "vgpu-time", "bind-time", "bind-phase",
+                   "mutex.lock", "resource-pool", "gpu-scheduler-policy", "node-scheduler-policy")
+OTHER_HAMI_SUFFIXES = ("-devices-to-allocate", "-devices-allocated")  # one pair per vendor
+OTHER_HAMI_PREFIXES = ("node-",)  # node annotations: handshakes and registrations
+
+
+def unknown_key(annotations: dict[str, str]) -> tuple[str, str] | None:
+    """(key, the nearest known key) for the first hami.io/ or <name>.hami.io/ key
+    that is neither a request key nor one HAMi writes: a misspelt request would
+    otherwise be a container without the slice it asked for."""
+    for key in sorted(annotations or {}):
+        prefix, slash, short = key.partition("/") if isinstance(key, str) else ("", "", "")
+        own = prefix == "hami.io"
+        if not slash or not (own or prefix.endswith(CONTAINER_DOMAIN)) or split_key(key):
+            continue
+        if own and (short in OTHER_HAMI_KEYS or short.endswith(OTHER_HAMI_SUFFIXES)
+                    or short.startswith(OTHER_HAMI_PREFIXES)):
+            continue
+        import difflib  # only for the refusal
+        known = KEYS if own else CONTAINER_KEYS
+        nearest = (difflib.get_close_matches(short, known, n=1, cutoff=0) or known[:1])[0]
+        return key, f"{prefix}/{nearest}"
+    return None
+
+
 def is_cdi_key(key) -> bool:
     return isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIX)
 

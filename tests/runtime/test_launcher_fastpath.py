@@ -31,6 +31,8 @@ def test_every_request_key_is_a_mark(key):
     if request_keys.split_key(key) or request_keys.is_cdi_key(key):
         assert launcher_keys.covers_annotation(key)
         assert request_keys.mentions_request({key: "1"}, [], True)
+    if request_keys.unknown_key({key: "1"}):  # a misspelt request: Python refuses it
+        assert launcher_keys.covers_annotation(key)
 
 
 @pytest.mark.parametrize("name", (request_keys.VISIBLE,) + request_keys.ENV_KEYS

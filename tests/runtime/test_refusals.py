@@ -54,6 +54,13 @@ CASES = [
      "hami.io/oversubscribe", "yes"),
     ("ambiguous-decision", {"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1,1:;GPU-b,NVIDIA,1,1:;"},
      None, None, "hami.io/vgpu-devices-allocated", None),
+    ("misspelt-key", {"hami.io/gpumemory": "100"}, None, None, "annotation",
+     "'hami.io/gpumemory': not a request key of this runtime nor one HAMi's scheduler writes; "
+     "the nearest is hami.io/gpumem"),
+    ("misspelt-key-beside-a-request", {"hami.io/gpumem": "100", "hami.io/gpucore": "30"}, None, None,
+     "annotation", "the nearest is hami.io/gpucores"),
+    ("misspelt-container-key", {"hami.io/gpumem": "100", "app.hami.io/prioirty": "0"}, None, None,
+     "annotation", "the nearest is app.hami.io/priority"),
     ("env-unknown-index", "env:NVIDIA_VISIBLE_DEVICES=7", None, None, "NVIDIA_VISIBLE_DEVICES", "7"),
     ("env-bad-mem", "env:HAMI_GPUMEM=lots", None, None, "HAMI_GPUMEM", "lots"),
     ("id-dotdot", {"hami.io/gpumem": "10"}, "../x", None, "container id", "../x"),
@@ -148,3 +155,21 @@ def test_unexpected_failure_is_one_line(node, monkeypatch, capsys):
     assert err.count("\n") == 1 and "RegionError: disk on fire second line" in err
     assert (bundle / "config.json").read_bytes() == before
     assert node.allocations() == {} and os.listdir(node.state_dir / "containers") == []
+
+
+KNOWN_KEYS = [
+    # annotations that are not a request and must not be refused as misspelt ones
+    {"hami.io/allocation": "{}"},                                   # this runtime's own record
+    {"hami.io/vgpu-node": "n1", "hami.io/bind-phase": "success", "hami.io/bind-time": "1",
+     "hami.io/vgpu-time": "1", "hami.io/vgpu-devices-to-allocate": ";"},  # HAMi's scheduler
+    {"hami.io/dcu-devices-allocated": ";", "hami.io/node-handshake": "x"},
+    {"nvidia.com/gpumemory": "1", "example.com/gpumem": "1", "hamiXio/gpumem": "1"},  # not ours
+    {"io.kubernetes.cri.container-type": "sandbox", "hami.io/gpumemory": "1"},  # a pod's sandbox
+]
+
+
+@pytest.mark.parametrize("annotations", KNOWN_KEYS)
+def test_keys_that_are_not_misspelt_requests(annotations):
+    from hami_runtime.lifecycle import request_keys
+    found = request_keys.unknown_key(annotations)
+    assert found is None or request_keys.is_pod_sandbox(annotations), found
