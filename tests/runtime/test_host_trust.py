@@ -7,13 +7,16 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from hami_runtime import config_cache
 from hami_runtime.lifecycle import state_layout
-from tests.runtime.node import RUNC
+from tests.runtime.node import LAUNCHER, RUNC
+from tests.runtime.test_config_cache import settle
 
 GPU = {"hami.io/gpumem": "1000", "hami.io/priority": "0"}
 NOBODY = 65534
@@ -188,3 +191,38 @@ def test_a_link_planted_at_the_logs_name_is_not_followed(node):
     assert doctor.returncode == 1
     assert (f"config log_file='{logs}/hami.log': {logs} is writable by group or others: a user other "
             "than root could replace the log") in doctor.stdout, doctor.stdout
+
+
+@pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
+def test_a_container_with_a_hostpath_of_var_cache_cannot_choose_what_a_create_runs(node):
+    """A container given /var/cache read-write (root in it) writes a program
+    there and points the node's persistent config entry's `runtime` at it; after
+    a reboot-like empty state dir, the next GPU create runs runc, never that
+    program, and the runtime's log says the entry was refused."""
+    log, marker = node.tmp / "hami.log", node.tmp / "marker"
+    evil = Path("/var/cache/hami-test-evil-runc")
+    node.write_config(log_file=str(log), create_server_idle_s=0)
+    settle(node.config)
+    subprocess.run([sys.executable, "-c", "from hami_runtime import config; config.load()"],
+                   env=node.env, check=True, timeout=60)  # validated and kept, as a create would
+    entry = Path(config_cache.persistent_path(str(node.config)))
+    attack = (f"printf '#!/bin/sh\\ntouch {marker}\\nexec {RUNC} \"$@\"\\n' > /host/{evil.name} && "
+              f"chmod 755 /host/{evil.name} && "
+              f"sed -i 's#\"runtime\":\\[[^]]*\\]#\"runtime\":[\"{evil}\"]#' /host/hami/{entry.name}")
+    bundle = node.bundle("attacker", args=("sh", "-c", attack))
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["mounts"].append({"destination": "/host", "type": "bind", "source": "/var/cache",
+                           "options": ["rbind", "rw"]})
+    (bundle / "config.json").write_text(json.dumps(spec))
+    try:
+        ran = node.runtime("run", "--bundle", str(bundle), "attacker")
+        assert ran.returncode == 0, ran.stderr
+        assert f'"runtime":["{evil}"]' in entry.read_text()  # the entry is the container's to write
+        shutil.rmtree(node.state_dir)
+        created = node.create("gpu", node.bundle("gpu", GPU, args=("true",)), cmd=[str(LAUNCHER)])
+        assert created.returncode == 0, created.stderr
+    finally:
+        node.runtime("delete", "-f", "gpu", cmd=[str(LAUNCHER)])
+        evil.unlink(missing_ok=True)
+    assert not marker.exists()
+    assert f"config cache: refused {entry}: " in log.read_text()
