@@ -92,6 +92,15 @@ class NodeConfig(Strict):
     allow_chroot: bool = Field(
         False, description="GPU containers keep CAP_SYS_CHROOT; false (the default): it is taken from "
         "every capability set, as a chroot into a tree without /etc/ld.so.preload runs unlimited")
+    allow_user_namespaces: bool = Field(
+        False, description="GPU containers may make new namespaces as the engine's seccomp profile "
+        "lets them; false (the default): seccomp rules the runtime adds refuse unshare and clone with a "
+        "namespace flag, setns, and clone3 (ENOSYS), as in a user namespace of its own a container can "
+        "unmount or cover /etc/ld.so.preload and run unlimited")
+    allow_sys_admin: bool = Field(
+        False, description="GPU containers may hold CAP_SYS_ADMIN (privileged ones do); false (the "
+        "default): such a create is refused, as with it a container can unmount or cover "
+        "/etc/ld.so.preload and run unlimited")
     create_server_idle_s: int = Field(
         300, ge=0, le=86400, description="a GPU create through the launcher is served by a Python that "
         "has loaded the runtime already (the create server), which ends after this many seconds without "

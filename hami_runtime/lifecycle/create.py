@@ -142,7 +142,30 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         mounts=mounts, env=env, library_dirs=library_dirs,
         hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV),
         create_hook_argv=create_hook_argv(cfg, launcher, runc_root), marker=marker,
-        etc=etc, dropped_capabilities=() if cfg.allow_chroot else (modifiers.CHROOT,))
+        etc=etc, dropped_capabilities=() if cfg.allow_chroot else (modifiers.CHROOT,),
+        no_new_namespaces=no_new_namespaces(cfg))
+
+
+def no_new_namespaces(cfg: Config):
+    """Injection.no_new_namespaces: the architectures of a profile made where the
+    spec has none, or None where the node allows new namespaces."""
+    from . import modifiers
+    return None if cfg.allow_user_namespaces else modifiers.seccomp_architectures(os.uname().machine)
+
+
+def check_escapes(cfg: Config, spec: dict) -> None:
+    """Refuses, before anything is allocated, a GPU container that could lift its
+    slice: one with CAP_SYS_ADMIN (unless allow_sys_admin), or whose seccomp
+    profile the runtime cannot make refuse new namespaces."""
+    from . import modifiers
+    held = [] if cfg.allow_sys_admin else modifiers.sys_admin_sets(spec)
+    if held:
+        raise HamiError(f"process.capabilities.{held[0]}", modifiers.SYS_ADMIN,
+                        "a GPU container with it can unmount or cover what holds its slice (a "
+                        "privileged container has it): refused (config allow_sys_admin = false)")
+    arches = no_new_namespaces(cfg)
+    if arches is not None:
+        modifiers.without_new_namespaces((spec.get("linux") or {}).get("seccomp"), arches)
 
 
 def mig_cap_minors(cfg: Config, grants, gpus, majors) -> list[int]:
@@ -281,6 +304,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
         plan = plan._replace(request=request)
     if plan.kind in (pod_requests.ALONE, pod_requests.NAMED) and plan.request is None:
         return _passed_through(cfg, who, annotations, env)
+    check_escapes(cfg, spec)
     import time
     from . import modifiers, requirements, state_layout, store
     from ..files import process_start

@@ -6,12 +6,14 @@ already edited spec converges.
 """
 from __future__ import annotations
 
+import copy
 import json
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
+from ..errors import HamiError
 from .docker_gpus import without_gpu_hooks
 
 # Where libvgpu and the loader find what holds the slice: under one root-level
@@ -36,6 +38,33 @@ RW_BIND = ["bind", "rw", "nosuid", "nodev"]
 # them before it turns the tmpfs read-only)
 HAMI_TMPFS = ["ro", "nosuid", "nodev", "noexec", "mode=755", "size=64k"]
 CHROOT = "CAP_SYS_CHROOT"
+SYS_ADMIN = "CAP_SYS_ADMIN"
+
+# New namespaces, refused in GPU containers by seccomp rules of the runtime's own
+# (config allow_user_namespaces keeps the engine's profile as it is). In a user
+# namespace of its own the tenant holds every capability over a mount namespace of
+# its own, where it can unmount or cover /etc/ld.so.preload and /.hami; the other
+# kinds need CAP_SYS_ADMIN already, and are refused alike, as Docker's profile does.
+NAMESPACE_FLAGS = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+                   "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+                   "CLONE_NEWNET": 0x40000000}
+NAMESPACE_MASK = sum(NAMESPACE_FLAGS.values())  # 0x7e020000, the mask of Docker's clone rule
+# refused with any namespace flag in argument 0 (their flags on every architecture below)
+FLAGGED_SYSCALLS = ("clone", "unshare")
+# refused whatever their arguments: setns (joining a namespace: nstype 0 means any kind),
+# clone3 (its flags are in a struct seccomp cannot read) with ENOSYS, so that libc falls
+# back to clone, as Docker's profile answers it
+EPERM, ENOSYS = 1, 38
+WHOLLY_REFUSED = {"setns": EPERM, "clone3": ENOSYS}
+# a profile made where the spec has none: the node's architecture and its 32-bit modes,
+# as Docker's and podman's profiles list them
+SECCOMP_ARCHITECTURES = {
+    "x86_64": ("SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"),
+    "aarch64": ("SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"),
+    "ppc64le": ("SCMP_ARCH_PPC64LE",),
+}
+REFUSING_ACTIONS = ("SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL_THREAD",
+                    "SCMP_ACT_TRAP")
 
 
 class DeviceNode(NamedTuple):
@@ -103,6 +132,9 @@ class Injection(NamedTuple):
     marker: object = None
     etc: EtcHold | None = None            # /etc's own mount point (etc_hold), or None
     dropped_capabilities: Sequence[str] = ()  # taken from every set of process.capabilities
+    # new namespaces refused by seccomp rules (refuse_new_namespaces): the architectures
+    # of a profile made where the spec has none; None: the spec's seccomp stays as it is
+    no_new_namespaces: Sequence[str] | None = None
 
 
 def device_nodes(minors: Sequence[int], majors: dict[str, int],
@@ -194,6 +226,130 @@ def drop_capabilities(spec: dict, inj: Injection) -> dict:
     return spec
 
 
+def sys_admin_sets(spec: dict) -> list[str]:
+    """The sets of process.capabilities that hold CAP_SYS_ADMIN (a privileged
+    container's hold every capability)."""
+    caps = (spec.get("process") or {}).get("capabilities")
+    if not isinstance(caps, dict):
+        return []
+    return [kind for kind, names in caps.items()
+            if isinstance(names, list) and any(str(c).upper() == SYS_ADMIN for c in names)]
+
+
+def seccomp_architectures(machine: str) -> tuple[str, ...]:
+    """The architectures of a profile made for a spec without one, on a node of
+    `machine` (os.uname().machine)."""
+    arches = SECCOMP_ARCHITECTURES.get("aarch64" if machine == "arm64" else machine)
+    if arches is None:
+        raise HamiError("host architecture", machine, "the runtime refuses new namespaces in GPU "
+                        f"containers on {', '.join(SECCOMP_ARCHITECTURES)} only (config "
+                        "allow_user_namespaces = true leaves them to the engine)")
+    return arches
+
+
+def _masked(mask: int, value: int) -> dict:
+    return {"index": 0, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}
+
+
+# the runtime's own rules, one syscall each, in the order they are added
+NAMESPACE_RULES = tuple(
+    [{"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM, "args": [_masked(flag, flag)]}
+     for name in FLAGGED_SYSCALLS for flag in NAMESPACE_FLAGS.values()]
+    + [{"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": errno} for name, errno in WHOLLY_REFUSED.items()])
+# what an engine's rule that lets clone or unshare through unconditionally becomes:
+# through only without a namespace flag (Docker's clone rule)
+WITHOUT_NAMESPACES = _masked(NAMESPACE_MASK, 0)
+_LOWEST_FLAG = min(NAMESPACE_FLAGS.values())
+
+
+def _excludes_namespaces(cond) -> bool:
+    """True where a condition on argument 0 holds only for flags without a namespace flag."""
+    op, value, two = cond.get("op"), cond.get("value", 0), cond.get("valueTwo", 0)
+    if not isinstance(value, int) or not isinstance(two, int) or cond.get("index") != 0:
+        return False
+    return ((op == "SCMP_CMP_MASKED_EQ" and value & NAMESPACE_MASK == NAMESPACE_MASK and not two & NAMESPACE_MASK)
+            or (op == "SCMP_CMP_EQ" and not value & NAMESPACE_MASK)
+            or (op == "SCMP_CMP_LT" and value <= _LOWEST_FLAG)
+            or (op == "SCMP_CMP_LE" and value < _LOWEST_FLAG))
+
+
+def _conditions(args: list) -> list:
+    """A rule's conditions as runc reads them (valueTwo 0 where left out)."""
+    return [(a.get("index"), a.get("value", 0), a.get("valueTwo", 0), a.get("op")) for a in args]
+
+
+def _narrowed(args: list, where: str, names: list[str]) -> list:
+    """The conditions of an engine's rule that lets clone or unshare through, so
+    that it holds only without a namespace flag. runc ANDs a rule's conditions
+    when each is on an argument of its own, else adds each as a rule of its own."""
+    if not args:
+        return [WITHOUT_NAMESPACES]
+    indices = [a.get("index") for a in args]
+    if len(set(indices)) == len(indices):
+        first = [a for a in args if a.get("index") == 0]
+        if not first:
+            return list(args) + [WITHOUT_NAMESPACES]
+        if _excludes_namespaces(first[0]):
+            return list(args)
+    elif all(_excludes_namespaces(a) for a in args):
+        return list(args)
+    raise HamiError(where, json.dumps(args), f"lets {' and '.join(names)} through on a condition the "
+                    "runtime cannot narrow to exclude new namespaces (config allow_user_namespaces = "
+                    "true leaves the profile to the engine)")
+
+
+def without_new_namespaces(profile, architectures: Sequence[str]) -> dict:
+    """`profile` (the spec's linux.seccomp; None: none) with clone and unshare refused
+    (EPERM) where a namespace flag is set, setns refused (EPERM) and clone3 answered
+    ENOSYS, every other rule kept. A syscall's unconditional rule hides the
+    conditional rules libseccomp is given beside it, whatever their action: an
+    engine's rule that lets one of them through is narrowed (clone and unshare:
+    only without a namespace flag) or goes (setns, clone3). A spec without a
+    profile gets one that allows the rest, for `architectures`."""
+    if profile is None:
+        return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": list(architectures),
+                "syscalls": copy.deepcopy(list(NAMESPACE_RULES))}
+    rules = profile.get("syscalls") if isinstance(profile, dict) else None
+    if not isinstance(profile, dict) or not isinstance(rules or [], list):
+        raise HamiError("linux.seccomp", json.dumps(profile), "is not a seccomp profile")
+    kept, refused = [], []
+    ours = set(FLAGGED_SYSCALLS) | set(WHOLLY_REFUSED)
+    for i, rule in enumerate(rules or []):
+        names, args = (rule.get("names") or [], rule.get("args") or []) if isinstance(rule, dict) else (0, 0)
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)
+                and isinstance(args, list) and all(isinstance(a, dict) for a in args)):
+            raise HamiError(f"linux.seccomp.syscalls[{i}]", json.dumps(rule), "is not a seccomp rule")
+        if rule in NAMESPACE_RULES:
+            continue  # the runtime's own, added again below
+        mine = [n for n in names if n in ours]
+        if not mine or rule.get("action") in REFUSING_ACTIONS:
+            kept.append(rule)
+            refused += [(n, _conditions(args)) for n in mine]
+            continue
+        if len(mine) < len(names):
+            kept.append({**rule, "names": [n for n in names if n not in mine]})
+        flagged = [n for n in mine if n in FLAGGED_SYSCALLS]
+        if flagged:
+            kept.append({**rule, "names": flagged,
+                         "args": _narrowed(args, f"linux.seccomp.syscalls[{i}]", flagged)})
+    # where the engine refuses a syscall already (unconditionally, or on the same condition)
+    # a rule of ours beside it would be hidden or clash (libseccomp: "file exists")
+    kept += [copy.deepcopy(r) for r in NAMESPACE_RULES
+             if not any(n == r["names"][0] and (not conditions or conditions == _conditions(r.get("args")))
+                        for n, conditions in refused)]
+    return {**profile, "syscalls": kept}
+
+
+def refuse_new_namespaces(spec: dict, inj: Injection) -> dict:
+    """No new namespace in the container (inj.no_new_namespaces): the spec's
+    seccomp profile, or one it is given, refuses them (without_new_namespaces)."""
+    if inj.no_new_namespaces is None:
+        return spec
+    linux = _linux(spec)
+    linux["seccomp"] = without_new_namespaces(linux.get("seccomp"), inj.no_new_namespaces)
+    return spec
+
+
 def set_env(spec: dict, inj: Injection) -> dict:
     process = spec.setdefault("process", {})
     env = list(process.get("env") or [])
@@ -242,8 +398,8 @@ def mark_allocation(spec: dict, inj: Injection) -> dict:
 
 
 MODIFIERS: tuple[Callable[[dict, Injection], dict], ...] = (
-    add_device_nodes, allow_device_access, add_mounts, hold_etc, drop_capabilities, set_env, add_hooks,
-    without_gpu_hooks, mark_allocation)
+    add_device_nodes, allow_device_access, add_mounts, hold_etc, drop_capabilities, refuse_new_namespaces,
+    set_env, add_hooks, without_gpu_hooks, mark_allocation)
 
 
 def apply(spec: dict, inj: Injection, modifiers=MODIFIERS) -> dict:

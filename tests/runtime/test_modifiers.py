@@ -244,3 +244,160 @@ def test_drop_capabilities(caps, expected):
     assert once["process"].get("capabilities") == expected
     assert m.drop_capabilities(copy.deepcopy(once), inj) == once
     assert m.drop_capabilities(copy.deepcopy(spec), INJ) == spec  # allow_chroot: kept
+
+
+# new namespaces refused by seccomp rules (refuse_new_namespaces)
+X86 = m.seccomp_architectures("x86_64")
+NS = m.NAMESPACE_MASK
+RULES = list(m.NAMESPACE_RULES)
+BIG = ["read", "write", "clone", "clone3", "unshare", "setns", "mount"]
+
+
+def masked(mask, value=None):
+    cond = {"index": 0, "value": mask, "op": "SCMP_CMP_MASKED_EQ"}
+    return cond if value is None else {**cond, "valueTwo": value}
+
+
+NARROWED = {"index": 0, "value": NS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}
+# the engine's profile (None: none), and the syscalls the runtime gives (ours: the
+# runtime's rules, all or those named, at the end)
+SECCOMP = {
+    "no profile": (None, {"defaultAction": "SCMP_ACT_ALLOW", "architectures": list(X86), "syscalls": RULES}),
+    "ALLOW by default, ERRNO rules": (
+        {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"], "flags": ["SECCOMP_FILTER_FLAG_LOG"],
+         "syscalls": [{"names": ["reboot", "kexec_load"], "action": "SCMP_ACT_ERRNO"}]},
+        {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"], "flags": ["SECCOMP_FILTER_FLAG_LOG"],
+         "syscalls": [{"names": ["reboot", "kexec_load"], "action": "SCMP_ACT_ERRNO"}] + RULES}),
+    "ERRNO by default, an allowlist with unshare (podman's)": (
+        {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38, "architectures": list(X86),
+         "syscalls": [{"names": BIG, "action": "SCMP_ACT_ALLOW", "args": [], "comment": ""},
+                      {"names": ["setns"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]},
+        {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38, "architectures": list(X86),
+         "syscalls": [{"names": ["read", "write", "mount"], "action": "SCMP_ACT_ALLOW", "args": [], "comment": ""},
+                      {"names": ["clone", "unshare"], "action": "SCMP_ACT_ALLOW", "args": [NARROWED], "comment": ""}]
+         + RULES}),  # its setns rule is one of the runtime's: it goes where they go
+    "Docker's": (
+        {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 1,
+         "syscalls": [{"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+                      {"names": ["clone"], "action": "SCMP_ACT_ALLOW", "args": [masked(2114060288)]},
+                      {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}]},
+        {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 1,
+         "syscalls": [{"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+                      {"names": ["clone"], "action": "SCMP_ACT_ALLOW", "args": [masked(2114060288)]}]
+         + RULES}),  # its clone rule kept as it is; its clone3 rule is one of the runtime's
+    "refuses already (unconditionally, or on our condition)": (
+        {"defaultAction": "SCMP_ACT_LOG",
+         "syscalls": [{"names": ["unshare", "setns"], "action": "SCMP_ACT_KILL_PROCESS"},
+                      {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38,
+                       "args": [masked(0x10000000, 0x10000000)]}]},
+        {"defaultAction": "SCMP_ACT_LOG",
+         "syscalls": [{"names": ["unshare", "setns"], "action": "SCMP_ACT_KILL_PROCESS"},
+                      {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38,
+                       "args": [masked(0x10000000, 0x10000000)]}]
+         + [r for r in RULES if r["names"][0] == "clone3"
+            or (r["names"] == ["clone"] and r["args"][0]["value"] != 0x10000000)]}),
+    "conditions on other arguments, or that exclude namespaces": (
+        {"defaultAction": "SCMP_ACT_ERRNO",
+         "syscalls": [{"names": ["clone"], "action": "SCMP_ACT_ALLOW",
+                       "args": [{"index": 2, "value": 0, "op": "SCMP_CMP_EQ"}]},
+                      {"names": ["unshare"], "action": "SCMP_ACT_NOTIFY",
+                       "args": [{"index": 0, "value": 0x400, "op": "SCMP_CMP_EQ"}]},
+                      {"names": ["unshare"], "action": "SCMP_ACT_TRACE",
+                       "args": [{"index": 0, "value": 0x200, "op": "SCMP_CMP_EQ"},
+                                {"index": 0, "value": 0x20000, "op": "SCMP_CMP_LT"}]}]},
+        {"defaultAction": "SCMP_ACT_ERRNO",
+         "syscalls": [{"names": ["clone"], "action": "SCMP_ACT_ALLOW",
+                       "args": [{"index": 2, "value": 0, "op": "SCMP_CMP_EQ"}, NARROWED]},
+                      {"names": ["unshare"], "action": "SCMP_ACT_NOTIFY",
+                       "args": [{"index": 0, "value": 0x400, "op": "SCMP_CMP_EQ"}]},
+                      {"names": ["unshare"], "action": "SCMP_ACT_TRACE",
+                       "args": [{"index": 0, "value": 0x200, "op": "SCMP_CMP_EQ"},
+                                {"index": 0, "value": 0x20000, "op": "SCMP_CMP_LT"}]}] + RULES}),
+}
+
+
+@pytest.mark.parametrize("profile, expected", SECCOMP.values(), ids=SECCOMP.keys())
+def test_refuse_new_namespaces(profile, expected):
+    spec = base()
+    if profile is not None:
+        spec["linux"]["seccomp"] = copy.deepcopy(profile)
+    inj = INJ._replace(no_new_namespaces=X86)
+    once = m.refuse_new_namespaces(copy.deepcopy(spec), inj)
+    assert once["linux"]["seccomp"] == expected
+    assert {k: v for k, v in once.items() if k != "linux"} == {k: v for k, v in spec.items() if k != "linux"}
+    assert m.refuse_new_namespaces(copy.deepcopy(once), inj) == once
+    assert m.refuse_new_namespaces(copy.deepcopy(spec), INJ) == spec  # allow_user_namespaces: untouched
+    for rule in once["linux"]["seccomp"]["syscalls"]:  # as runc reads a rule
+        assert rule["names"] and all(isinstance(n, str) for n in rule["names"])
+        assert rule["action"].startswith("SCMP_ACT_")
+        assert all(set(a) <= {"index", "value", "valueTwo", "op"} for a in rule.get("args") or [])
+    assert m.apply(copy.deepcopy(once), inj) == m.apply(copy.deepcopy(spec), inj)
+    jsonschema.validate(m.apply(copy.deepcopy(spec), inj), SCHEMA)
+
+
+def test_the_runtimes_rules():
+    """clone and unshare with each namespace flag (Docker's mask, flag by flag) EPERM,
+    setns EPERM, clone3 ENOSYS."""
+    flagged = [(r["names"][0], r["args"][0]["value"]) for r in RULES if r.get("args")]
+    assert flagged == [(n, f) for n in ("clone", "unshare") for f in m.NAMESPACE_FLAGS.values()]
+    assert all(r["args"] == [masked(f, f)] and r["errnoRet"] == 1 for r in RULES if r.get("args")
+               for f in [r["args"][0]["value"]])
+    assert NS == 2114060288 == sum(m.NAMESPACE_FLAGS.values())
+    assert [(r["names"], r["errnoRet"]) for r in RULES if not r.get("args")] == [(["setns"], 1), (["clone3"], 38)]
+
+
+UNNARROWABLE = {
+    "NE on the flags": [{"index": 0, "value": 0, "op": "SCMP_CMP_NE"}],
+    "a mask short of a namespace flag": [masked(NS & ~0x10000000, 0)],
+    "two conditions on the flags, one that lets them through (runc ORs them)": [
+        {"index": 0, "value": 0, "op": "SCMP_CMP_EQ"}, {"index": 0, "value": 0x10000000, "op": "SCMP_CMP_EQ"}],
+    "two on the flags and one elsewhere (runc ORs all three)": [
+        {"index": 0, "value": 0, "op": "SCMP_CMP_EQ"}, {"index": 0, "value": 1, "op": "SCMP_CMP_EQ"},
+        {"index": 1, "value": 0, "op": "SCMP_CMP_EQ"}],
+}
+
+
+@pytest.mark.parametrize("args", UNNARROWABLE.values(), ids=UNNARROWABLE.keys())
+def test_a_rule_that_cannot_be_narrowed_is_refused(args):
+    from hami_runtime.errors import HamiError
+    profile = {"defaultAction": "SCMP_ACT_ERRNO",
+               "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"},
+                            {"names": ["unshare"], "action": "SCMP_ACT_ALLOW", "args": args}]}
+    with pytest.raises(HamiError, match="cannot narrow to exclude new namespaces") as refused:
+        m.without_new_namespaces(profile, X86)
+    assert refused.value.field == "linux.seccomp.syscalls[1]"
+
+
+@pytest.mark.parametrize("profile", ["allow", {"syscalls": {"names": ["clone"]}}, {"syscalls": [["clone"]]},
+                                     {"syscalls": [{"names": "clone"}]}, {"syscalls": [{"names": ["x"], "args": [0]}]}])
+def test_what_is_not_a_profile_is_refused(profile):
+    from hami_runtime.errors import HamiError
+    with pytest.raises(HamiError):
+        m.without_new_namespaces(profile, X86)
+
+
+def test_seccomp_architectures():
+    assert m.seccomp_architectures("x86_64") == ("SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32")
+    assert m.seccomp_architectures("aarch64") == m.seccomp_architectures("arm64") == ("SCMP_ARCH_AARCH64",
+                                                                                        "SCMP_ARCH_ARM")
+    from hami_runtime.errors import HamiError
+    with pytest.raises(HamiError, match="allow_user_namespaces"):
+        m.seccomp_architectures("s390x")
+
+
+SYS_ADMIN_SETS = {
+    "bounding only": ({"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"], "effective": ["CAP_CHOWN"]}, ["bounding"]),
+    "every set": ({k: ["CAP_SYS_ADMIN"] for k in ("bounding", "effective", "permitted")},
+                  ["bounding", "effective", "permitted"]),
+    "ambient only": ({"ambient": ["CAP_SYS_ADMIN"]}, ["ambient"]),
+    "none": ({k: list(CAPS) for k in ("bounding", "effective")}, []),
+    "no capabilities named": (None, []),
+}
+
+
+@pytest.mark.parametrize("caps, expected", SYS_ADMIN_SETS.values(), ids=SYS_ADMIN_SETS.keys())
+def test_sys_admin_sets(caps, expected):
+    spec = base()
+    if caps is not None:
+        spec["process"]["capabilities"] = caps
+    assert m.sys_admin_sets(spec) == expected
