@@ -65,6 +65,11 @@ def config_path() -> str:
     return os.environ.get("HAMI_CONFIG") or DEFAULT_PATH
 
 
+def _file_field() -> str:
+    """What a refusal of the config file names: the variable where it chose the file."""
+    return "HAMI_CONFIG" if os.environ.get("HAMI_CONFIG") else "config file"
+
+
 def load(path: str | None = None) -> Config:
     """Read the config; a missing default file means the defaults, a missing
     HAMI_CONFIG file is an error (the operator named it). The validated values
@@ -80,9 +85,9 @@ def load(path: str | None = None) -> Config:
         if path == DEFAULT_PATH and "HAMI_CONFIG" not in os.environ:
             return _validated(b"", "", path, config_cache.DEFAULT_STATE_DIR,
                               [config_cache.NO_CONFIG_FILE, path])
-        raise HamiError("HAMI_CONFIG", path, "config file not found") from None
+        raise HamiError(_file_field(), path, "config file not found") from None
     except OSError as exc:
-        raise HamiError("HAMI_CONFIG", path, f"cannot read config file: {exc.strerror}") from None
+        raise HamiError(_file_field(), path, f"cannot read config file: {exc.strerror}") from None
     key = config_cache.file_key(path, before)
     # unchanged while read, and not written in the last seconds (a rewrite in
     # the same clock tick would keep every time in the key)
@@ -110,7 +115,7 @@ def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: lis
     try:
         raw = tomllib.loads(text.decode())  # as tomllib.load does
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise HamiError("HAMI_CONFIG", path, f"not valid TOML: {exc}") from None
+        raise HamiError(_file_field(), path, f"not valid TOML: {exc}") from None
     values = validate(raw, path)
     if hint and values["state_dir"] == hint:
         config_cache.store(hint, key, values, looked_for, text)

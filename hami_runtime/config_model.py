@@ -150,6 +150,8 @@ def validate(raw: dict, path: str = "") -> dict:
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown key"
+        elif isinstance(error["input"], str) and error["type"].endswith(("_parsing", "_type")):
+            message += " (it is given as a string, in quotes)"
         raise HamiError(f"config {where}", error["input"], f"{message} (in {path or 'config'})") from None
     return values
 

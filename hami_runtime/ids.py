@@ -7,9 +7,9 @@ from .names import container_id
 
 def check_container_id(value) -> str:
     if not isinstance(value, str) or not value:
-        raise HamiError("container id", value if isinstance(value, str) else repr(value),
-                        "missing container id")
+        raise HamiError("container id", "", "missing: the command's last argument names the "
+                        "container (one that starts with '-' is taken for a flag)")
     if not container_id(value) or ".." in value:
-        raise HamiError("container id", value,
-                        "must be letters, digits, '_', '.', '+', '-' (no path parts)")
+        raise HamiError("container id", value, "must be letters, digits, '_', '.', '+', '-', "
+                        "starting with a letter or digit (no path parts)")
     return value

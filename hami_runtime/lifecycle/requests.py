@@ -96,6 +96,8 @@ def request(**values) -> GpuRequest:
 
 def number(key: str, value: str, low: int, high: int) -> int:
     """Plain ASCII digits and nothing else ("100\n" and " 100" are refused)."""
+    if isinstance(value, str) and value.startswith("-") and digits(value[1:]):
+        raise HamiError(key, value, f"negative: must be in {low}..{high}")
     if not isinstance(value, str) or not digits(value):
         raise HamiError(key, value, "not a whole number (ASCII digits only)")
     result = int(value)

@@ -64,7 +64,7 @@ def parse(gpumem=None, gpumem_percentage=None, gpucores=None, priority=None, cor
         raise HamiError("--device", device, "must be a GPU index or UUID")
     change = Change(mem, pct, cores, prio, core_policy, device, bool(force))
     if change.empty():
-        raise HamiError("hamictl update", "", "nothing to change: give --gpumem, "
+        raise HamiError("options", "", "nothing to change: give --gpumem, "
                         "--gpumem-percentage, --gpucores, --priority or --core-policy")
     return change
 

@@ -133,3 +133,32 @@ def test_schema_and_model_accept_the_same(tmp_path, text):
     path = tmp_path / "c.toml"
     path.write_text(text)
     config.load(str(path))
+
+
+@pytest.mark.parametrize("text,says", [
+    ('split_count = "4"', "(it is given as a string, in quotes)"),
+    ("split_count = 4", None),
+])
+def test_a_number_in_quotes_is_named_a_string(tmp_path, text, says):
+    path = tmp_path / "c.toml"
+    path.write_text(text + "\n")
+    if says is None:
+        assert config.load(str(path)).split_count == 4
+        return
+    with pytest.raises(HamiError) as caught:
+        config.load(str(path))
+    assert says in str(caught.value)
+
+
+@pytest.mark.parametrize("chosen_by,field", [("HAMI_CONFIG", "HAMI_CONFIG"), ("default", "config file")])
+def test_a_bad_file_is_named_by_what_chose_it(tmp_path, monkeypatch, chosen_by, field):
+    path = tmp_path / "hami.toml"
+    path.write_text("split_count = [\n")
+    if chosen_by == "HAMI_CONFIG":
+        monkeypatch.setenv("HAMI_CONFIG", str(path))
+    else:
+        monkeypatch.delenv("HAMI_CONFIG", raising=False)
+        monkeypatch.setattr(config, "DEFAULT_PATH", str(path))
+    with pytest.raises(HamiError) as caught:
+        config.load()
+    assert caught.value.line().startswith(f"{field}='{path}': not valid TOML")

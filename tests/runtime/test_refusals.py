@@ -33,7 +33,8 @@ def config_with(node, name, **overrides):
 CASES = [
     # (case id, how to make the bundle, container id, config overrides, expected field, value)
     ("mem-not-number", {"hami.io/gpumem": "3g"}, None, None, "hami.io/gpumem", "3g"),
-    ("mem-negative", {"hami.io/gpumem": "-100"}, None, None, "hami.io/gpumem", "-100"),
+    ("mem-negative", {"hami.io/gpumem": "-100"}, None, None, "hami.io/gpumem",
+     "'-100': negative: must be in"),
     ("cores-out-of-range", {"hami.io/gpucores": "150"}, None, None, "hami.io/gpucores", "150"),
     ("gpu-zero", {"hami.io/gpu": "0"}, None, None, "hami.io/gpu", "0"),
     ("mem-too-big", {"hami.io/gpumem": "20000"}, None, None, "request", "hami.io/gpumem=20000"),

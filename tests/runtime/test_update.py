@@ -176,7 +176,7 @@ REFUSED = [
     pytest.param([(0, 3000, 30)], [], [0], ["--core-policy", "always"],
                  ["--core-policy='always': must be one of default, force, disable"], id="policy"),
     pytest.param([(0, 3000, 30)], [], [0], [],
-                 ["hamictl update: nothing to change"], id="nothing"),
+                 ["options: nothing to change"], id="nothing"),
 ]
 
 
