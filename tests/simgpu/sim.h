@@ -83,7 +83,7 @@ struct sim_proc_slot {
     uint64_t start_time;                 /* /proc/<pid>/stat field 22 */
     uint64_t pidns;                      /* inode of /proc/<pid>/ns/pid */
     uint32_t host_pid;                   /* the pid NVML reports: in the host's pid namespace */
-    uint32_t reserved;
+    uint32_t host_pid_known;             /* 1: host_pid is the host's (own namespace, or the pid service) */
     _Atomic uint64_t heartbeat_ns;
     _Atomic uint64_t verified_ns;        /* when a process of its namespace last read its /proc entry */
     _Atomic uint64_t used[SIM_MAX_DEVICES];       /* bytes of device memory */
@@ -129,7 +129,9 @@ void sim_context_count(int dev, int delta);
 /* Memory in use on a device by all live processes (dead ones are reclaimed first). */
 uint64_t sim_device_used(int dev);
 struct sim_proc_usage { uint32_t pid; uint64_t used; };
-/* Live processes with a context or memory on `dev`, by host pid; returns how many there are (may exceed max). */
+/* Live processes with a context or memory on `dev`, by host pid, one entry per process (the slots of
+ * two copies of the driver in one process, a dlmopen'd one, summed); returns how many there are
+ * (may exceed max). */
 unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max);
 /* Books `dur_ns` on the device timeline (start = max(now, busy_until)); returns start. */
 uint64_t sim_book_kernel(int dev, uint64_t dur_ns);

@@ -12,6 +12,9 @@
  *   start time: the pid was reused) is freed by whoever looks next. Slots from
  *   another pid namespace cannot be checked that way: they count as alive until
  *   their heartbeat (updated every second) is `stale_seconds` old (config, default 10).
+ *   A caller in the host's pid namespace checks a slot whose host pid is known (the
+ *   pid service answered) by that pid, as a real driver sees the process go: gone, a
+ *   zombie, or a process of another namespace or pid there is the slot's end.
  * - Kernels: a device's timeline is its busy_until time; a kernel is booked by CAS
  *   (start = max(now, busy_until)), so no two kernels overlap on one device, across
  *   processes. Booked intervals go to a ring that utilisation is computed from.
@@ -46,6 +49,7 @@ static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int self_slot = -1;
 static uint32_t self_pid, self_host_pid;
+static uint32_t self_host_pid_known;   /* self_host_pid is the host's: own namespace, or the service */
 static uint64_t self_start, self_pidns;
 static int heartbeat_started;
 static char state_path[4096];
@@ -91,7 +95,7 @@ static uint64_t pidns_inode(void)
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-struct slot_id { int index; uint32_t pid; uint64_t start, pidns, heartbeat; };
+struct slot_id { int index; uint32_t pid; uint64_t start, pidns, heartbeat; uint32_t host_pid, host_known; };
 
 /* A same-namespace process that still exists and whose /proc entry some process read
  * less than 100 ms ago is taken as alive without reading it again: sweeps stay cheap
@@ -99,11 +103,69 @@ struct slot_id { int index; uint32_t pid; uint64_t start, pidns, heartbeat; };
  * a zombie or a reused pid within 100 ms. */
 #define SIM_VERIFIED_NS 100000000ULL
 
+/* The innermost pid of host process `host_pid` (the last NSpid of its status), the inode of its
+ * pid namespace and its state letter; -1 when it is gone. */
+static int host_view(uint32_t host_pid, uint32_t *inner, uint64_t *pidns, char *letter)
+{
+    char path[64], buf[2048];
+    struct stat st;
+    snprintf(path, sizeof path, "/proc/%u/ns/pid", host_pid);
+    if (stat(path, &st) != 0)
+        return -1;
+    *pidns = (uint64_t)st.st_ino;
+    snprintf(path, sizeof path, "/proc/%u/status", host_pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    const char *state = strstr(buf, "\nState:");
+    const char *nspid = strstr(buf, "\nNSpid:");
+    if (!state || !nspid)
+        return -1;
+    for (state += 8; *state == ' ' || *state == '\t'; state++)
+        ;
+    *letter = *state;
+    const char *end = strchr(nspid + 1, '\n');
+    const char *last = end ? end : buf + n;
+    while (last > nspid && (last[-1] < '0' || last[-1] > '9'))
+        last--;
+    const char *first = last;
+    while (first > nspid && first[-1] >= '0' && first[-1] <= '9')
+        first--;
+    *inner = (uint32_t)strtoul(first, NULL, 10);
+    return 0;
+}
+
+/* Another namespace's slot seen from the host's: its process by its host pid. */
+static int host_slot_alive(struct sim_proc_slot *p, const struct slot_id *id, uint64_t now)
+{
+    if (kill((pid_t)id->host_pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    if (now - atomic_load(&p->verified_ns) < SIM_VERIFIED_NS)
+        return 1;
+    uint32_t inner;
+    uint64_t pidns;
+    char letter;
+    if (host_view(id->host_pid, &inner, &pidns, &letter) < 0)
+        return kill((pid_t)id->host_pid, 0) == 0 || errno == EPERM;
+    if (letter == 'Z' || letter == 'X' || pidns != id->pidns || inner != id->pid)
+        return 0;  /* exited, or the host pid is another process's now */
+    atomic_store(&p->verified_ns, now);
+    return 1;
+}
+
 static int slot_alive(struct sim_proc_slot *p, const struct slot_id *id)
 {
     uint64_t now = sim_now_ns();
-    if (id->pidns && self_pidns && id->pidns != self_pidns)
+    if (id->pidns && self_pidns && id->pidns != self_pidns) {
+        if (self_pidns == SIM_INIT_PIDNS && id->host_known && id->host_pid)
+            return host_slot_alive(p, id, now);
         return now - id->heartbeat < (uint64_t)sim_config()->stale_seconds * 1000000000ULL;
+    }
     if (kill((pid_t)id->pid, 0) != 0 && errno == ESRCH)
         return 0;
     if (now - atomic_load(&p->verified_ns) < SIM_VERIFIED_NS)
@@ -236,8 +298,10 @@ static struct sim_state *open_state(void)
 /* This process's pid in the host's pid namespace (see the header comment). */
 static uint32_t ask_host_pid(void)
 {
-    if (self_pidns == SIM_INIT_PIDNS)
+    if (self_pidns == SIM_INIT_PIDNS) {
+        __atomic_store_n(&self_host_pid_known, 1, __ATOMIC_RELEASE);
         return self_pid;
+    }
     char dir[sizeof state_path];
     snprintf(dir, sizeof dir, "%s", state_path);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -257,6 +321,8 @@ static uint32_t ask_host_pid(void)
     }
     if (fd >= 0)
         close(fd);
+    if (pid)
+        __atomic_store_n(&self_host_pid_known, 1, __ATOMIC_RELEASE);
     return pid ? pid : self_pid;
 }
 
@@ -276,6 +342,7 @@ static void forget_self_in_child(void)
     heartbeat_started = 0;
     self_pid = (uint32_t)getpid();
     self_host_pid = 0;
+    self_host_pid_known = 0;
 }
 
 struct sim_state *sim_state(void)
@@ -349,7 +416,8 @@ static void sweep(struct sim_state *s, int locked)
         struct sim_proc_slot *p = &s->procs[i];
         if (!__atomic_load_n(&p->live, __ATOMIC_ACQUIRE) || i == self_slot)
             continue;
-        struct slot_id id = {i, p->pid, p->start_time, p->pidns, atomic_load(&p->heartbeat_ns)};
+        struct slot_id id = {i, p->pid, p->start_time, p->pidns, atomic_load(&p->heartbeat_ns), p->host_pid,
+                             __atomic_load_n(&p->host_pid_known, __ATOMIC_ACQUIRE)};
         if (slot_alive(p, &id))
             continue;
         dead[n++] = id;
@@ -380,6 +448,7 @@ static struct sim_proc_slot *self_locked(struct sim_state *s)
             p->pid = self_pid;
             /* asked when the state was opened (a forked child's not yet: never under the lock) */
             p->host_pid = self_host_pid ? self_host_pid : self_pid;
+            p->host_pid_known = self_host_pid ? __atomic_load_n(&self_host_pid_known, __ATOMIC_ACQUIRE) : 0;
             p->start_time = self_start;
             p->pidns = self_pidns;
             atomic_store(&p->heartbeat_ns, sim_now_ns());
@@ -543,6 +612,14 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
         uint64_t used = atomic_load(&p->used[card]);
         if (!p->live || (used == 0 && atomic_load(&p->contexts[card]) == 0))
             continue;
+        /* one process, one entry: a second copy of the driver in it (dlmopen) has a slot of its own */
+        unsigned k = 0;
+        while (k < n && k < max && out[k].pid != p->host_pid)
+            k++;
+        if (k < n && k < max) {
+            out[k].used += used;
+            continue;
+        }
         if (n < max)
             out[n] = (struct sim_proc_usage){p->host_pid, used};
         n++;
