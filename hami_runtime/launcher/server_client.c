@@ -5,44 +5,214 @@
  * along its first bytes (SCM_RIGHTS). The server takes it on ("A"; we answer
  * "G") or declines it ("F", or nothing); then its answer, until it closes:
  * "E<runtime path>" (exec it with argv) or "X<status>" (exit with it).
+ *
+ * Whoever can rename a socket over the server's path (root in a container
+ * given a hostPath above the state dir) would get the engine's argv, env and
+ * fds and name what we exec: the listener is identified before a byte is sent
+ * (identify). Everything up to the server's "A" shares one deadline (ACK_MS),
+ * so that a stopped, starved or flooded server costs a create that much at
+ * most: connect never waits (a full backlog is "no server"), nor does a send.
  */
 #include "server_client.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PROTOCOL "hami-create-1" /* create_server.py */
 #define ACK_MS 2000
+#define SERVER_LOCK_FD 3 /* where the launcher hands the server its lock (hami-runtime.c) */
+
+/* The interpreter the launcher runs (hami-runtime.c): the server is one. */
+#ifndef HAMI_PYTHON
+#define HAMI_PYTHON "/usr/bin/python3"
+#endif
+#ifndef HAMI_CONFIG_FILE
+#define HAMI_CONFIG_FILE "/etc/hami/config.toml" /* config.c's */
+#endif
+/* A pidfd of the peer (Linux 6.5): it pins the process, so pid reuse cannot
+ * pass the checks off as its. Elsewhere the pid alone. */
+#if !defined(SO_PEERPIDFD) && (defined(__x86_64__) || defined(__aarch64__) || defined(__i386__))
+#define SO_PEERPIDFD 77
+#endif
 
 extern char **environ;
 
-/* The server's socket, connected, if it is a process of our own uid's. */
+static long long now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* fd is ready for `events` before the deadline. */
+static int ready(int fd, short events, long long deadline)
+{
+    struct pollfd p = {fd, events, 0};
+    int n;
+    do {
+        long long left = deadline - now_ms();
+        n = poll(&p, 1, left > 0 ? (int)left : 0);
+    } while (n < 0 && errno == EINTR);
+    return n == 1;
+}
+
+/* The server's socket, connected without waiting: a full backlog (a stopped
+ * or flooded server) is EAGAIN, and no server. */
 static int connected(const char *path)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
         return -1;
     strcpy(addr.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct ucred peer;
-    socklen_t len = sizeof peer;
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
-        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != geteuid()) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
         close(fd);
         return -1;
     }
     return fd;
+}
+
+/* 1: the same file (dev and inode) at both paths, /proc's links naming the
+ * object; 0: another; -1: a path names nothing (errno). */
+static int same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    if (stat(a, &x) != 0 || stat(b, &y) != 0)
+        return -1;
+    return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* The listener's process lives: the pidfd's (then the /proc reads before
+ * this were of it, its pid not yet reused), else whatever has its pid. */
+static int still_alive(int pidfd, pid_t pid)
+{
+#ifdef SYS_pidfd_send_signal
+    if (pidfd >= 0)
+        return syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
+#else
+    (void)pidfd;
+#endif
+    return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+/*
+ * NULL where the process listening at fd's other end is this node's create
+ * server, else why not: a process of our euid, in our mount and pid
+ * namespaces with our root (so that the paths and the pid a request holds
+ * mean what they mean here), running the interpreter we would run, holding
+ * the server lock at its fd 3 (create_server.py's LOCK_FD). *pid: the listener's.
+ */
+static const char *identify(int fd, const char *socket_path, pid_t *pid)
+{
+    struct ucred peer;
+    socklen_t len = sizeof peer;
+    *pid = 0;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.pid <= 0)
+        return "no process of this pid namespace";
+    *pid = peer.pid;
+    if (peer.uid != geteuid())
+        return "another uid";
+    int pidfd = -1;
+#ifdef SO_PEERPIDFD
+    len = sizeof pidfd;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) != 0) {
+        if (errno != ENOPROTOOPT)
+            return "ended"; /* the process that listened is gone: its socket was handed on */
+        pidfd = -1;
+    }
+#endif
+    static const char *const views[][2] = {{"ns/mnt", "another mount namespace"},
+                                           {"ns/pid", "another pid namespace"},
+                                           {"root", "another root"}};
+    char mine[64], theirs[64], lock[PATH_MAX];
+    const char *why = NULL;
+    for (size_t i = 0; !why && i < sizeof views / sizeof views[0]; i++) {
+        snprintf(mine, sizeof mine, "/proc/self/%s", views[i][0]);
+        snprintf(theirs, sizeof theirs, "/proc/%d/%s", (int)peer.pid, views[i][0]);
+        int same = same_file(mine, theirs);
+        if (same != 1)
+            why = same < 0 && errno == ENOENT ? "ended" : views[i][1]; /* a zombie has no namespaces left */
+    }
+    const char *slash = strrchr(socket_path, '/');
+    snprintf(theirs, sizeof theirs, "/proc/%d/exe", (int)peer.pid);
+    if (!why && same_file(HAMI_PYTHON, theirs) != 1)
+        why = "another program";
+    snprintf(theirs, sizeof theirs, "/proc/%d/fd/%d", (int)peer.pid, SERVER_LOCK_FD);
+    if (!why && (!slash || snprintf(lock, sizeof lock, "%.*s/%s", (int)(slash - socket_path), socket_path,
+                                    strrchr(SERVER_LOCK, '/') + 1) >= (int)sizeof lock ||
+                 same_file(lock, theirs) != 1))
+        why = "not holding the server lock";
+    if (!still_alive(pidfd, peer.pid))
+        why = "ended";
+    if (pidfd >= 0)
+        close(pidfd);
+    return why;
+}
+
+/* The value of a top-level `key = "..."` of the node config as config.c reads
+ * its keys (a string without escapes, before the first table), or "". */
+static void config_string(const char *text, const char *key, char *out, size_t size)
+{
+    size_t len = strlen(key);
+    out[0] = '\0';
+    for (const char *line = text; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        line += strspn(line, " \t");
+        if (*line == '[')
+            return;
+        if (strncmp(line, key, len) != 0)
+            continue;
+        const char *s = line + len + strspn(line + len, " \t");
+        if (*s != '=')
+            continue;
+        s += 1 + strspn(s + 1, " \t");
+        const char *end = *s == '"' ? strpbrk(s + 1, "\"\\\n") : NULL;
+        if (end && *end == '"' && (size_t)(end - s - 1) < size) {
+            memcpy(out, s + 1, (size_t)(end - s - 1));
+            out[end - s - 1] = '\0';
+        }
+        return;
+    }
+}
+
+/* A warning in the runtime's log (config log_file), as hami_runtime/log.py writes one. */
+static void log_warning(const char *message)
+{
+    const char *path = getenv("HAMI_CONFIG");
+    FILE *f = fopen(path && *path ? path : HAMI_CONFIG_FILE, "re");
+    if (!f)
+        return;
+    static char text[256 * 1024 + 1];
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    char log_file[PATH_MAX], level[16], stamp[32], line[PATH_MAX + 512];
+    config_string(text, "log_file", log_file, sizeof log_file);
+    config_string(text, "log_level", level, sizeof level);
+    time_t now = time(NULL);
+    struct tm utc;
+    if (log_file[0] != '/' || strcmp(level, "error") == 0 || !gmtime_r(&now, &utc) ||
+        !strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc))
+        return;
+    int n = snprintf(line, sizeof line, "%s warning pid=%d %s\n", stamp, (int)getpid(), message);
+    int fd = open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    if (write(fd, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1) < 0) {
+        /* the log never fails the caller */
+    }
+    close(fd);
 }
 
 /* Appends one NUL-terminated field; -1 where it would not fit. */
@@ -98,7 +268,9 @@ static char *request(char **argv, size_t *total)
     return buf;
 }
 
-static int send_request(int fd, const char *buf, size_t total, const int fds[3])
+/* Sends without waiting past the deadline (a server that stopped reading
+ * fills the socket's buffer). */
+static int send_request(int fd, const char *buf, size_t total, const int fds[3], long long deadline)
 {
     char control[CMSG_SPACE(3 * sizeof(int))];
     memset(control, 0, sizeof control);
@@ -110,39 +282,41 @@ static int send_request(int fd, const char *buf, size_t total, const int fds[3])
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(3 * sizeof(int));
     memcpy(CMSG_DATA(c), fds, 3 * sizeof(int));
-    ssize_t n;
-    while ((n = sendmsg(fd, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR)
-        ;
-    if (n <= 0)
-        return -1;
-    for (size_t sent = (size_t)n; sent < total; sent += (size_t)n)
-        while ((n = send(fd, buf + sent, total - sent, MSG_NOSIGNAL)) <= 0)
-            if (n == 0 || errno != EINTR)
-                return -1;
+    size_t sent = 0;
+    while (sent < total) {
+        /* the fds go with the first bytes, once */
+        ssize_t n = sent ? send(fd, buf + sent, total - sent, MSG_NOSIGNAL) : sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (n > 0)
+            sent += (size_t)n;
+        else if (n == 0 || (errno != EINTR && (errno != EAGAIN || !ready(fd, POLLOUT, deadline))))
+            return -1;
+    }
     return 0;
 }
 
-/* The server took the request on ("A" within ACK_MS), and is told to go on
- * ("G"): a server that is stopped, or too slow to start, is passed by (the
+/* The server took the request on ("A" before the deadline), and is told to go
+ * on ("G"): a server that is stopped, or too slow to start, is passed by (the
  * caller runs the command itself), and one that took the request on after we
  * gave up finds us gone and does nothing. */
-static int taken_on(int fd)
+static int taken_on(int fd, long long deadline)
 {
-    struct pollfd ready = {fd, POLLIN, 0};
-    int n;
-    while ((n = poll(&ready, 1, ACK_MS)) < 0 && errno == EINTR)
-        ;
     char ack;
-    if (n != 1 || read(fd, &ack, 1) != 1 || ack != 'A')
-        return 0;
-    return send(fd, "G", 1, MSG_NOSIGNAL) == 1;
+    ssize_t n;
+    while ((n = read(fd, &ack, 1)) < 0 && (errno == EINTR || (errno == EAGAIN && ready(fd, POLLIN, deadline))))
+        ;
+    return n == 1 && ack == 'A' && send(fd, "G", 1, MSG_NOSIGNAL) == 1;
 }
 
+/* Once taken on, the command is the server's: its answer comes when the
+ * command is done, which takes what the command takes (as its own Python would). */
 static int answer(int fd, char *runtime, size_t size, int *status)
 {
     char text[PATH_MAX + 16];
     size_t got = 0;
     ssize_t n;
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+        return NOT_SERVED;
     while (got < sizeof text - 1 && (n = read(fd, text + got, sizeof text - 1 - got)) != 0) {
         if (n < 0) {
             if (errno == EINTR)
@@ -167,12 +341,24 @@ static int answer(int fd, char *runtime, size_t size, int *status)
 int server_request(const char *socket_path, char **argv, const int fds[3],
                    char *runtime, size_t size, int *status)
 {
+    long long deadline = now_ms() + ACK_MS;
     int fd = connected(socket_path);
     if (fd < 0)
         return NOT_SERVED;
+    pid_t pid;
+    const char *why = identify(fd, socket_path, &pid);
+    if (why) {
+        close(fd);
+        char message[PATH_MAX + 256];
+        snprintf(message, sizeof message,
+                 "create server: the listener on %s (pid %d) is not this node's server (%s): "
+                 "nothing sent to it, the command runs its own Python", socket_path, (int)pid, why);
+        log_warning(message);
+        return NOT_SERVED;
+    }
     size_t total;
     char *buf = request(argv, &total);
-    int served = buf && send_request(fd, buf, total, fds) == 0 && taken_on(fd)
+    int served = buf && send_request(fd, buf, total, fds, deadline) == 0 && taken_on(fd, deadline)
                      ? answer(fd, runtime, size, status) : NOT_SERVED;
     free(buf);
     close(fd);

@@ -23,7 +23,16 @@ for that in vain (a stopped server) has run the command itself, and the child
 does nothing. The launcher then execs runc itself, so the engine's
 child is runc as before. Nothing in a request widens what the launcher could do
 alone: the peer is a process of our own uid (SO_PEERCRED) that could run the
-same command directly.
+same command directly. (The launcher, for its part, sends nothing to a listener
+it has not identified as this server: server_client.c.)
+
+A flood costs the server's own service, never the node: a connection is
+forked for only once its first bytes have come (one that sends nothing for
+IDLE_S is closed), at most MAX_CHILDREN at once (a request beyond that is
+declined at once: its launcher runs its own Python), at most MAX_WAITING
+connections are held waiting for their first bytes (the rest wait in the
+listen backlog, and a launcher that finds it full passes the server by), and a
+child gives up on a request not received and taken on within REQUEST_S.
 
 It ends after create_server_idle_s without a request, when its socket is no
 longer the one it bound (the state dir removed, or a newer server), or when a
@@ -38,6 +47,7 @@ import gc
 import importlib
 import os
 import pkgutil
+import select
 import signal
 import socket
 import stat
@@ -54,6 +64,10 @@ LOCK_NAME = "lock"
 LOCK_FD = 3                        # where the launcher hands the lock over
 MAX_REQUEST = 4 << 20              # argv and env: above the kernel's exec limit
 TICK_S = 1.0
+MAX_CHILDREN = 16                  # requests served at once
+MAX_WAITING = 64                   # connections accepted, their request not yet come
+IDLE_S = 1.0                       # a connection silent this long is closed, unforked
+REQUEST_S = 3.0                    # the launcher's wait (2 s) and some: the request received and taken on
 TAKEN, GO, DECLINED = b"A", b"G", b"F"
 EXEC, EXIT = b"E", b"X"
 
@@ -83,34 +97,94 @@ def serve() -> int:
     def ended() -> bool:
         return not _still_ours(cfg.state_dir, bound) or _changed(code)
     _normal_priority()
-    signal.signal(signal.SIGCHLD, _reap)
+    wake_up, woken = socket.socketpair()  # a child's end (SIGCHLD) wakes the loop
+    for end in (wake_up, woken):
+        end.setblocking(False)
+    signal.set_wakeup_fd(woken.fileno())
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     gc.freeze()  # what the imports made stays shared with the children
     gc.enable()  # a long life: its exceptions' cycles are collected
-    last = time.monotonic()
+    children: set = set()
+    waiting: dict = {}  # connection: (when accepted, its launcher's pid)
+    last = checked = time.monotonic()
     while True:  # it ends leaving its socket: a create that asks for no GPU then starts none
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            if time.monotonic() - last > cfg.create_server_idle_s or ended():
+        _reap(children)
+        now = time.monotonic()
+        for conn in [c for c, (since, _) in waiting.items() if now - since >= IDLE_S]:
+            del waiting[conn]
+            conn.close()
+        watched = [wake_up, *waiting] + ([listener] if len(waiting) < MAX_WAITING else [])
+        soonest = min((since + IDLE_S - now for since, _ in waiting.values()), default=TICK_S)
+        readable = select.select(watched, [], [], max(0.0, min(TICK_S, soonest)))[0]
+        now = time.monotonic()
+        if now >= checked + TICK_S:  # a flood does not keep it from seeing it should end
+            checked = now
+            if (now - last > cfg.create_server_idle_s and not waiting) or ended():
                 return 0
-            continue
-        last = time.monotonic()
-        with conn:
-            if ended():
-                conn.sendall(DECLINED)
-                return 0
-            if os.fork() == 0:
-                listener.close()
-                os.close(LOCK_FD)  # the lock is the server's alone
-                _child(conn, world)
+        for ready in readable:
+            if ready is wake_up:
+                with contextlib.suppress(OSError):
+                    while wake_up.recv(4096):
+                        pass
+            elif ready is listener:
+                _accept(listener, waiting, world)
+            else:
+                since, pid = waiting.pop(ready)
+                with ready:
+                    if not _has_bytes(ready):
+                        continue
+                    if len(children) >= MAX_CHILDREN:
+                        _decline(ready)  # busy: its launcher runs its own Python at once
+                        continue
+                    last = time.monotonic()
+                    if ended():
+                        _decline(ready)
+                        return 0
+                    child = os.fork()
+                    if child == 0:
+                        _child(ready, pid, since + REQUEST_S, (listener, wake_up, woken, *waiting))
+                    children.add(child)
 
 
-def _reap(*_) -> None:
+def _accept(listener: socket.socket, waiting: dict, world: tuple) -> None:
+    """A connection waits for its request; one not of our uid and `world` is
+    declined at once."""
+    try:
+        conn, _ = listener.accept()
+    except OSError:  # gone already, or out of fds: the next round
+        return
+    conn.setblocking(False)
+    try:
+        pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        pid = uid = -1
+    if uid != os.geteuid() or pid <= 0 or _world(pid) != world:
+        _decline(conn)
+        conn.close()
+        return
+    waiting[conn] = (time.monotonic(), pid)
+
+
+def _decline(conn: socket.socket) -> None:
+    """Says no: the launcher runs the command itself (one gone needs nothing)."""
+    with contextlib.suppress(OSError):
+        conn.send(DECLINED)
+
+
+def _has_bytes(conn: socket.socket) -> bool:
+    """Its first bytes have come (not its end): a child is worth forking."""
+    try:
+        return bool(conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
+        return False
+
+
+def _reap(children: set) -> None:
     """Waits for the children that have ended, as they end (so their CPU time
     counts in this process's children's, as a create's would in its engine's)."""
     with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
+        while (pid := os.waitpid(-1, os.WNOHANG)[0]):
+            children.discard(pid)
 
 
 def _holds_lock(state_dir: str) -> bool:
@@ -125,13 +199,15 @@ def _holds_lock(state_dir: str) -> bool:
 
 def _load_everything() -> list:
     """Imports every module of the runtime (but its tools and its __main__),
-    pydantic's model included; returns the identity of their files."""
+    pydantic's model included; returns the identity of their files and of the
+    interpreter's."""
     import hami_runtime
     for info in pkgutil.walk_packages(hami_runtime.__path__, "hami_runtime."):
         if not info.name.startswith("hami_runtime.tools") and not info.name.endswith("__main__"):
             importlib.import_module(info.name)
     files = [m.__file__ for name, m in list(sys.modules.items())
              if name.startswith("hami_runtime") and getattr(m, "__file__", None)]
+    files.append(sys.executable)  # replaced, launchers no longer know this server for theirs
     return [(path, _identity(path)) for path in files]
 
 
@@ -173,7 +249,7 @@ def _listen(path: str) -> socket.socket:
         raise
     finally:
         os.umask(old)
-    listener.settimeout(TICK_S)
+    listener.setblocking(False)
     return listener
 
 
@@ -195,42 +271,55 @@ def _normal_priority() -> None:
         pass  # not allowed: it stays where it was
 
 
-def _child(conn: socket.socket, world: tuple) -> None:
-    """Serves one request and ends the process. Without an answer (this
-    process died before it could give one), the launcher runs the command itself."""
+def _child(conn: socket.socket, pid: int, deadline: float, servers: tuple) -> None:
+    """Serves the request of launcher `pid` and ends the process. Without an
+    answer (the request not received and taken on by `deadline`, or this
+    process died before it could answer), the launcher runs the command itself.
+    `servers`: the server's sockets, not this child's."""
     gc.disable()
+    signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a delete waits for runc
+    for other in servers:
+        other.close()
+    os.close(LOCK_FD)  # the lock is the server's alone
     try:
-        request = _receive(conn, world)
-    except (OSError, ValueError):
-        request = None
-    try:
+        request = _receive(conn, pid, deadline)
         if request is None:
             conn.sendall(DECLINED)
-        elif _go_ahead(conn):
+        elif _go_ahead(conn, deadline):
+            conn.settimeout(None)  # taken on: the command takes what it takes
             conn.sendall(_run(*request))
         conn.shutdown(socket.SHUT_RDWR)  # the launcher reads to the end: now, not once this process is torn down
+    except (OSError, ValueError):
+        pass  # the launcher gone, or the request broken
     finally:
         os._exit(0)
 
 
-def _go_ahead(conn: socket.socket) -> bool:
+def _until(conn: socket.socket, deadline: float) -> socket.socket:
+    """conn, its next wait bounded by `deadline` (past it: socket.timeout)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("the request's deadline passed")
+    conn.settimeout(left)
+    return conn
+
+
+def _go_ahead(conn: socket.socket, deadline: float) -> bool:
     """Tells the launcher the request is taken on; true once it says to go on
     (a launcher that gave up waiting has closed, and runs the command itself)."""
-    conn.sendall(TAKEN)
-    return conn.recv(1) == GO
+    _until(conn, deadline).sendall(TAKEN)
+    return _until(conn, deadline).recv(1) == GO
 
 
-def _receive(conn: socket.socket, world: tuple):
-    """(pid, fds, cwd, umask, argv, env) of a request this server serves (its
-    peer of our uid, in our `world`), or None."""
-    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    conn.settimeout(10.0)
-    data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
+def _receive(conn: socket.socket, pid: int, deadline: float):
+    """(pid, fds, cwd, umask, argv, env) of a request of this server's
+    protocol, received by `deadline`, or None."""
+    data, ancillary, _, _ = _until(conn, deadline).recvmsg(65536, socket.CMSG_SPACE(3 * 4))
     fds = [fd for level, kind, payload in ancillary
            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
            for fd in struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4])]
-    if uid != os.geteuid() or pid <= 0 or len(fds) != 3 or _world(pid) != world or len(data) < 4:
+    if len(fds) != 3 or len(data) < 4:
         return None
     size = struct.unpack("<I", data[:4])[0]
     if size > MAX_REQUEST:
@@ -238,7 +327,7 @@ def _receive(conn: socket.socket, world: tuple):
     parts = [data[4:]]
     received = len(data) - 4
     while received < size:
-        chunk = conn.recv(min(1 << 20, size - received))
+        chunk = _until(conn, deadline).recv(min(1 << 20, size - received))
         if not chunk:
             return None
         parts.append(chunk)
