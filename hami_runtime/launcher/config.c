@@ -1,8 +1,9 @@
 /*
  * The node config (HAMI_CONFIG, else the install's, /etc/hami/config.toml), as far as the
  * launcher reads it: top-level `runtime` (a string or a one-line array of
- * strings) and `state_dir` (a string), each an absolute path without escapes,
- * and `create_server_idle_s` (decimal digits), before the first table. Anything else there is "not understood", and the
+ * strings), `state_dir` and `log_file` (strings), each an absolute path without
+ * escapes, `log_level` (a string) and `create_server_idle_s` (decimal digits),
+ * before the first table. Anything else there is "not understood", and the
  * caller leaves the decision to the Python runtime, which reads the whole file.
  */
 #include "config.h"
@@ -140,4 +141,12 @@ int config_server_idle_s(void)
             return -1;
     s = skip_blank(s);
     return (*s == '\n' || *s == '\0' || *s == '#' || *s == '\r') ? (int)value : -1;
+}
+
+int config_warning_log(char *out, size_t size)
+{
+    const char *s;
+    if (top_level("log_file", &s) != 0 || read_string(&s, out, size) != 0)
+        return -1;
+    return top_level("log_level", &s) == 0 && strncmp(s, "\"error\"", 7) == 0 ? -1 : 0;
 }

@@ -51,9 +51,6 @@
 #include "server_client.h"
 #include "spec_scan.h"
 
-#ifndef HAMI_PYTHON
-#define HAMI_PYTHON "/usr/bin/python3"
-#endif
 
 static const char *const default_runtimes[] = {
     "/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc", NULL};
@@ -337,7 +334,7 @@ static void warm_up_once(char *argv0)
     if (stat(path, &st) == 0)
         return;
     if (snprintf(path, sizeof path, "%s/cache", state) >= (int)sizeof path ||
-        (mkdir(state, 0755) != 0 && errno != EEXIST) || (mkdir(path, 0755) != 0 && errno != EEXIST) ||
+        (mkdir(state, 0700) != 0 && errno != EEXIST) || (mkdir(path, 0755) != 0 && errno != EEXIST) ||
         snprintf(path, sizeof path, "%s/cache/.warm-up", state) >= (int)sizeof path)
         return;
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -368,7 +365,7 @@ static void start_server(char *argv0)
     char state[PATH_MAX], dir[PATH_MAX], lock[PATH_MAX];
     if (server_file("", state, sizeof state) != 0 || server_file(SERVER_DIR, dir, sizeof dir) != 0 ||
         server_file(SERVER_LOCK, lock, sizeof lock) != 0 ||
-        (mkdir(state, 0755) != 0 && errno != EEXIST) || (mkdir(dir, 0700) != 0 && errno != EEXIST))
+        (mkdir(state, 0700) != 0 && errno != EEXIST) || (mkdir(dir, 0700) != 0 && errno != EEXIST))
         return;
     int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)

@@ -15,6 +15,8 @@
  */
 #include "server_client.h"
 
+#include "config.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -35,13 +37,6 @@
 #define ACK_MS 2000
 #define SERVER_LOCK_FD 3 /* where the launcher hands the server its lock (hami-runtime.c) */
 
-/* The interpreter the launcher runs (hami-runtime.c): the server is one. */
-#ifndef HAMI_PYTHON
-#define HAMI_PYTHON "/usr/bin/python3"
-#endif
-#ifndef HAMI_CONFIG_FILE
-#define HAMI_CONFIG_FILE "/etc/hami/config.toml" /* config.c's */
-#endif
 /* A pidfd of the peer (Linux 6.5): it pins the process, so pid reuse cannot
  * pass the checks off as its. Elsewhere the pid alone. */
 #if !defined(SO_PEERPIDFD) && (defined(__x86_64__) || defined(__aarch64__) || defined(__i386__))
@@ -162,54 +157,24 @@ static const char *identify(int fd, const char *socket_path, pid_t *pid)
     return why;
 }
 
-/* The value of a top-level `key = "..."` of the node config as config.c reads
- * its keys (a string without escapes, before the first table), or "". */
-static void config_string(const char *text, const char *key, char *out, size_t size)
-{
-    size_t len = strlen(key);
-    out[0] = '\0';
-    for (const char *line = text; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        line += strspn(line, " \t");
-        if (*line == '[')
-            return;
-        if (strncmp(line, key, len) != 0)
-            continue;
-        const char *s = line + len + strspn(line + len, " \t");
-        if (*s != '=')
-            continue;
-        s += 1 + strspn(s + 1, " \t");
-        const char *end = *s == '"' ? strpbrk(s + 1, "\"\\\n") : NULL;
-        if (end && *end == '"' && (size_t)(end - s - 1) < size) {
-            memcpy(out, s + 1, (size_t)(end - s - 1));
-            out[end - s - 1] = '\0';
-        }
-        return;
-    }
-}
-
-/* A warning in the runtime's log (config log_file), as hami_runtime/log.py writes one. */
+/* A warning in the runtime's log (config log_file), as hami_runtime/log.py writes
+ * one: never through a link, nor into anything but a regular file. */
 static void log_warning(const char *message)
 {
-    const char *path = getenv("HAMI_CONFIG");
-    FILE *f = fopen(path && *path ? path : HAMI_CONFIG_FILE, "re");
-    if (!f)
-        return;
-    static char text[256 * 1024 + 1];
-    text[fread(text, 1, sizeof text - 1, f)] = '\0';
-    fclose(f);
-    char log_file[PATH_MAX], level[16], stamp[32], line[PATH_MAX + 512];
-    config_string(text, "log_file", log_file, sizeof log_file);
-    config_string(text, "log_level", level, sizeof level);
+    char log_file[PATH_MAX], stamp[32], line[PATH_MAX + 512];
     time_t now = time(NULL);
     struct tm utc;
-    if (log_file[0] != '/' || strcmp(level, "error") == 0 || !gmtime_r(&now, &utc) ||
+    if (config_warning_log(log_file, sizeof log_file) != 0 || !gmtime_r(&now, &utc) ||
         !strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc))
         return;
     int n = snprintf(line, sizeof line, "%s warning pid=%d %s\n", stamp, (int)getpid(), message);
-    int fd = open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC,
+                  0640);
     if (fd < 0)
         return;
-    if (write(fd, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1) < 0) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        write(fd, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1) < 0) {
         /* the log never fails the caller */
     }
     close(fd);
