@@ -1,8 +1,13 @@
 """hami-hook: the OCI hook hami-runtime puts into GPU containers.
 
-  hami-hook --state-dir DIR --runc-root DIR createRuntime|poststop  < OCI state
+  hami-hook --state-dir DIR --runc-root DIR [--rootfs ROOT --etc bind|dir|mount
+            --libvgpu PATH] createRuntime|poststop  < OCI state
 
-createRuntime records the container's host PID beside its allocation
+createRuntime, with --rootfs (the runtime always gives it), checks that the
+container's mount tree, once runc has made it, holds the preload and /.hami as
+the runtime meant them (rootfs.mounted_problem: what the launcher's C hook
+checks, with the same lines) and fails the create in one line otherwise; then
+it records the container's host PID beside its allocation
 (private/<id>@<root key>/pid; the launcher's C hook does the same faster);
 poststop frees the allocation of this runc root's container once runc has
 removed it (idempotent). Driver libraries are found through the
@@ -15,6 +20,8 @@ import json
 import sys
 
 STAGES = ("createRuntime", "poststop")
+OPTIONS = ("--state-dir", "--runc-root", "--rootfs", "--etc", "--libvgpu")
+CHECK = ("rootfs", "etc", "libvgpu")
 
 
 def _fail(message: str) -> int:
@@ -26,7 +33,7 @@ def parse_args(argv):
     options, stage, i = {}, None, 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--state-dir", "--runc-root") and i + 1 < len(argv):
+        if arg in OPTIONS and i + 1 < len(argv):
             options[arg[2:]] = argv[i + 1]
             i += 2
             continue
@@ -36,8 +43,34 @@ def parse_args(argv):
             raise ValueError(f"argument={arg!r}: not understood")
         i += 1
     if stage is None or "state-dir" not in options:
-        raise ValueError("usage: hami-hook --state-dir DIR --runc-root DIR createRuntime|poststop")
+        raise ValueError("usage: hami-hook --state-dir DIR --runc-root DIR [--rootfs ROOT --etc "
+                         "bind|dir|mount --libvgpu PATH] createRuntime|poststop")
+    given = [k for k in CHECK if k in options]
+    if given and len(given) != len(CHECK):
+        raise ValueError("usage: --rootfs, --etc and --libvgpu go together")
+    if given and options["etc"] not in ("bind", "dir", "mount"):
+        raise ValueError(f"--etc={options['etc']!r}: must be bind, dir or mount")
+    if given and not (options["rootfs"].startswith("/") and options["libvgpu"].startswith("/")):
+        raise ValueError("--rootfs and --libvgpu must be absolute paths")
     return options, stage
+
+
+def check_mounts(state_dir: str, name: str, cid: str, pid: int, options: dict) -> str:
+    """'' when the container's mounts hold the slice (rootfs.mounted_problem), else
+    the line that refuses its create (the C hook's own words)."""
+    import os
+    from hami_runtime.lifecycle import rootfs, state_layout
+    private = state_layout.private_dir(state_dir, name)
+    for path in (os.path.dirname(private), private):
+        if not os.path.isdir(path) or os.path.islink(path):
+            found = "absent" if not os.path.lexists(path) else "not a real directory (a symlink is refused)"
+            return (f"container {cid}: {path}: {found}: no allocation to check its mounts against; "
+                    "the create is refused")
+    if pid <= 0:
+        return f"container {cid}: the OCI state has no pid: its mounts cannot be checked; the create is refused"
+    problem = rootfs.mounted_problem(pid, options["rootfs"], options["etc"], state_dir, name,
+                                     options["libvgpu"])
+    return f"container {cid}: {problem}; the create is refused" if problem else ""
 
 
 def main(argv=None) -> int:
@@ -61,7 +94,13 @@ def main(argv=None) -> int:
     try:
         if stage == "createRuntime":
             name = state_layout.alloc_name(options["runc-root"], cid)
-            state_layout.record_host_pid(options["state-dir"], name, int(state.get("pid") or 0))
+            pid = state.get("pid") or 0
+            if not isinstance(pid, int) or isinstance(pid, bool):
+                return _fail(f"stdin: not an OCI state document: pid={pid!r}")
+            problem = check_mounts(options["state-dir"], name, cid, pid, options) if "rootfs" in options else ""
+            if problem:
+                return _fail(problem)
+            state_layout.record_host_pid(options["state-dir"], name, pid)
         else:
             store.release(options["state-dir"], options["runc-root"], cid)
     except (HamiError, OSError) as exc:

@@ -73,20 +73,31 @@ def usable_launcher(path) -> bool:
             and st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022)
 
 
-def create_hook_argv(cfg: Config, launcher, runc_root: str) -> list[str]:
+def check_argv(cfg: Config, image) -> list[str]:
+    """What the createRuntime hook checks the container's mounts against, once
+    runc has made them (rootfs.mounted_problem, launcher/hook.c): the root, what
+    it finds at /etc, the node's libvgpu. A root another container writes can
+    change between the runtime's look at create and runc's mounts."""
+    if image is None:
+        return []
+    return ["--rootfs", image.root, "--etc", image.etc, "--libvgpu", cfg.libvgpu]
+
+
+def create_hook_argv(cfg: Config, launcher, runc_root: str, image=None) -> list[str]:
     """The hooks through the launcher's C hook (no interpreter start inside
     runc's create and delete), unless the config names its own hook command."""
     if cfg.hook_command or not usable_launcher(launcher):
         return []
     from .state_layout import root_key
-    return [launcher, "hami-hook", "--state-dir", cfg.state_dir, "--root-key", root_key(runc_root)]
+    return [launcher, "hami-hook", "--state-dir", cfg.state_dir, "--root-key", root_key(runc_root)] + \
+        check_argv(cfg, image)
 
 
-def hook_argv(cfg: Config, runc_root: str) -> list[str]:
+def hook_argv(cfg: Config, runc_root: str, image=None) -> list[str]:
     # the directory that holds the hami_runtime and hami_hook packages
     where = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base = list(cfg.hook_command) or [sys.executable, "-S", "-I", "-c", HOOK_CODE.format(where=where)]
-    return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root]
+    return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root] + check_argv(cfg, image)
 
 
 def distinct_files(driver_files) -> list:
@@ -103,7 +114,8 @@ def distinct_files(driver_files) -> list:
 
 
 def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
-                    request, marker: dict, launcher=None, etc=None) -> "modifiers.Injection":
+                    request, marker: dict, launcher=None, image=None) -> "modifiers.Injection":
+    """`image`: the rootfs as rootfs.image found it (/etc's hold, the hooks' check)."""
     from . import boards, container_files, modifiers, state_layout
     minor_of = {g.uuid: g.minor for g in gpus}
     region_dir = state_layout.container_dir(cfg.state_dir, name)
@@ -140,9 +152,9 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
         devices=modifiers.device_nodes([minor_of[g.uuid] for g in grants], majors,
                                        mig_cap_minors(cfg, grants, gpus, majors)),
         mounts=mounts, env=env, library_dirs=library_dirs,
-        hook_argv=hook_argv(cfg, runc_root), hook_env=list(HOOK_ENV),
-        create_hook_argv=create_hook_argv(cfg, launcher, runc_root), marker=marker,
-        etc=etc, dropped_capabilities=() if cfg.allow_chroot else (modifiers.CHROOT,),
+        hook_argv=hook_argv(cfg, runc_root, image), hook_env=list(HOOK_ENV),
+        create_hook_argv=create_hook_argv(cfg, launcher, runc_root, image), marker=marker,
+        etc=image.hold if image else None, dropped_capabilities=() if cfg.allow_chroot else (modifiers.CHROOT,),
         no_new_namespaces=no_new_namespaces(cfg))
 
 
@@ -310,8 +322,8 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
     from ..files import process_start
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
-    from .rootfs import etc_hold
-    etc = etc_hold(bundle, spec)  # refused before anything is allocated
+    from . import rootfs
+    image = rootfs.image(bundle, spec)  # refused before anything is allocated
     state_layout.make_state_dir(cfg.state_dir)  # before its caches are read
     gpus = discovery_cache.gpus(cfg)
     majors = device_majors(cfg)
@@ -374,7 +386,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
     try:
         _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
         edited = modifiers.apply(json.loads(json.dumps(spec)), build_injection(
-            cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher, etc))
+            cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher, image))
         spec_io.write(bundle, edited)
     except BaseException:
         store.discard(cfg.state_dir, name, entry["creator"])
