@@ -80,7 +80,8 @@ def check_argv(cfg: Config, image) -> list[str]:
     change between the runtime's look at create and runc's mounts."""
     if image is None:
         return []
-    return ["--rootfs", image.root, "--etc", image.etc, "--libvgpu", cfg.libvgpu]
+    from . import modifiers
+    return [modifiers.CHECK_FLAG, image.root, "--etc", image.etc, "--libvgpu", cfg.libvgpu]
 
 
 def create_hook_argv(cfg: Config, launcher, runc_root: str, image=None) -> list[str]:

@@ -38,6 +38,7 @@ RW_BIND = ["bind", "rw", "nosuid", "nodev"]
 # them before it turns the tmpfs read-only)
 HAMI_TMPFS = ["ro", "nosuid", "nodev", "noexec", "mode=755", "size=64k"]
 CHROOT = "CAP_SYS_CHROOT"
+CHECK_FLAG = "--rootfs"  # the first of the createRuntime hook's checks (create.check_argv)
 SYS_ADMIN = "CAP_SYS_ADMIN"
 
 # New namespaces, refused in GPU containers by seccomp rules of the runtime's own
@@ -368,6 +369,11 @@ def set_env(spec: dict, inj: Injection) -> dict:
     return spec
 
 
+def _hook_identity(argv: list) -> list:
+    """A hook's argv up to what it checks (create.check_argv): what makes it ours."""
+    return argv[:argv.index(CHECK_FLAG)] if CHECK_FLAG in argv else argv
+
+
 def add_hooks(spec: dict, inj: Injection) -> dict:
     """createRuntime records the host PID; poststop frees the allocation. With
     the launcher's C hook, createRuntime is that hook and there is no poststop
@@ -375,7 +381,8 @@ def add_hooks(spec: dict, inj: Injection) -> dict:
     if not inj.hook_argv:
         return spec
     hooks = spec.setdefault("hooks", {})
-    ours = [list(argv) for argv in (inj.hook_argv, inj.create_hook_argv) if argv]
+    # ours whatever it was to check (the root and /etc of an earlier create of the bundle)
+    ours = [_hook_identity(list(argv)) for argv in (inj.hook_argv, inj.create_hook_argv) if argv]
     for stage in ("createRuntime", "poststop"):
         argv = list(inj.create_hook_argv if stage == "createRuntime" and inj.create_hook_argv
                     else inj.hook_argv)

@@ -128,6 +128,15 @@ def test_c_hook_is_not_doubled_and_brings_no_poststop():
     assert again == once
 
 
+def test_a_hook_of_an_earlier_create_with_other_checks_is_replaced():
+    """A bundle created again after its root or /etc changed: one hook of ours, today's."""
+    checks = ["--rootfs", "/r", "--etc", "bind", "--libvgpu", "/l"]
+    earlier = m.add_hooks(base(), INJ._replace(hook_argv=list(INJ.hook_argv) + checks))
+    inj = INJ._replace(hook_argv=list(INJ.hook_argv) + checks[:3] + ["dir"] + checks[4:])
+    again = m.add_hooks(earlier, inj)
+    assert [h["args"] for h in again["hooks"]["createRuntime"]] == [inj.hook_argv + ["createRuntime"]]
+
+
 def header_paths():
     """The string #defines of libvgpu's region.h (a name may stand for its value)."""
     import re
