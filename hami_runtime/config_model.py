@@ -105,6 +105,27 @@ class NodeConfig(Strict):
         300, ge=0, le=86400, description="a GPU create through the launcher is served by a Python that "
         "has loaded the runtime already (the create server), which ends after this many seconds without "
         "a create; 0: none, every GPU create starts its own Python")
+    agent_interval_ms: int = Field(
+        250, ge=50, le=10000, description="the node agent (hamictl agent) reads each GPU container's "
+        "processes from its cgroup and the driver's per-process memory and SM use this often")
+    memory_enforcement: Literal["kill", "log", "off"] = Field(
+        "kill", description="what the node agent does about a container that holds more device memory than "
+        "its slice, by the driver's count over its cgroup's processes, for longer than memory_grace_ms: "
+        "kill its processes that hold memory, newest first (its first process last), until it fits; log "
+        "it; or off (the figures only)")
+    memory_grace_ms: int = Field(
+        1000, ge=0, le=600000, description="how long a container may hold more than its slice before "
+        "memory_enforcement acts")
+    sm_enforcement: Literal["freeze", "log", "off"] = Field(
+        "log", description="what the node agent does about a container whose processes use more of the "
+        "SMs than its share (the driver's per-process utilisation over the last second) by more than "
+        "sm_tolerance_pct for longer than sm_grace_ms: freeze its cgroup for the time it took beyond its "
+        "share (at most 5 s), log it, or off (the figures only)")
+    sm_grace_ms: int = Field(
+        5000, ge=0, le=600000, description="how long a container may use more than its SM share before "
+        "sm_enforcement acts")
+    sm_tolerance_pct: int = Field(
+        10, ge=0, le=100, description="SM use above the share by at most this many points is not an excess")
     hook_command: list[str] = Field(
         default_factory=list, description="argv of the OCI hook, absolute path first; empty: the "
         "launcher's own createRuntime hook, and this Python's hami_hook")

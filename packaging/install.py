@@ -20,6 +20,9 @@ every installed file names PREFIX, so a DESTDIR tree works once copied there):
   bin/hamictl, bin/hami-hook   the environment's entry points, run with -I
   bin/nvidia-container-runtime-hook  packaging/bin's, for `docker run --gpus`,
                           where no program of that name is on PATH (not in a .deb)
+  lib/systemd/system/hami-agent.service  the node agent's unit (examples/systemd's,
+                          naming this prefix's hamictl); systemctl enable --now
+                          hami-agent starts it
   SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there
 
 What the runtime makes on the node as it runs is not the install's, and
@@ -54,6 +57,9 @@ BUILD_REQUIREMENTS = ROOT / "packaging" / "build-requirements.txt"
 CONFIG_EXAMPLE = ROOT / "examples" / "config.toml"
 # dockerd offers `docker run --gpus` only with a program of this name on its PATH
 DOCKER_GPU_HOOK = ROOT / "packaging" / "bin" / "nvidia-container-runtime-hook"
+# the node agent's systemd unit, its ExecStart naming the install's hamictl
+AGENT_UNIT = ROOT / "examples" / "systemd" / "hami-agent.service"
+AGENT_UNIT_EXEC = "/usr/local/bin/hamictl"
 REGION_HEADER = ROOT / "libvgpu_src" / "region.h"
 PACKAGE_SOURCES = ("pyproject.toml", "hami_runtime", "hami_hook")
 ENTRY_POINTS = ("hamictl", "hami-hook")  # bin/hami-runtime is the launcher
@@ -96,11 +102,19 @@ class Layout:
         self.libvgpu = f"{self.lib}/libvgpu.so"
         self.bin = f"{self.prefix}/bin"
         self.config = f"{os.path.normpath(sysconfdir)}/hami/config.toml"
+        self.agent_unit = f"{self.prefix}/lib/systemd/system/{AGENT_UNIT.name}"
         self.packaging = packaging  # files for a .deb, not for this machine
 
     def staged(self, path) -> Path:
         """Where a file of the final path is written."""
         return Path(self.destdir + str(path))
+
+    def agent_unit_text(self) -> str:
+        """The agent's unit, naming this prefix's hamictl."""
+        text = AGENT_UNIT.read_text()
+        if f"ExecStart={AGENT_UNIT_EXEC} agent\n" not in text:
+            raise InstallError("unit", str(AGENT_UNIT), f"has no ExecStart={AGENT_UNIT_EXEC} agent line")
+        return text.replace(f"ExecStart={AGENT_UNIT_EXEC} ", f"ExecStart={self.bin}/hamictl ")
 
     def entry_point(self, name) -> str:
         """bin/<name>: the environment's own entry point, run isolated (-I) from any shell."""
@@ -280,6 +294,7 @@ def install(layout: Layout, interp: Interpreter, cc: str, build: Path) -> None:
     for name in ENTRY_POINTS:
         replace(bin_dir / name, lambda p, n=name: p.write_text(layout.entry_point(n)), 0o755)
     install_docker_gpu_hook(layout, bin_dir / DOCKER_GPU_HOOK.name)
+    replace(layout.staged(layout.agent_unit), lambda p: p.write_text(layout.agent_unit_text()), 0o644)
     config = layout.staged(layout.config)
     if config.exists():
         print(f"install: kept {layout.config} (an existing config is never replaced)")
@@ -287,6 +302,8 @@ def install(layout: Layout, interp: Interpreter, cc: str, build: Path) -> None:
         replace(config, lambda p: shutil.copyfile(CONFIG_EXAMPLE, p), 0o644)
     print(f"install: hami-runtime {version()} in {layout.lib}, Python {interp.version} "
           f"({interp.path}); engines run {layout.bin}/hami-runtime")
+    print(f"install: the node agent's unit is {layout.agent_unit}: start it with "
+          f"systemctl enable --now hami-agent (or run {layout.bin}/hamictl agent)")
     print(f"install: hami-runtime and hamictl read {layout.config} "
           "(HAMI_CONFIG, where set, names another)")
     print(f"install: check the node with {layout.bin}/hamictl doctor")
@@ -321,6 +338,16 @@ def uninstall(layout: Layout) -> None:
     config only while it is the shipped one."""
     lib = layout.staged(layout.lib)
     removed = 0
+    unit = layout.staged(layout.agent_unit)
+    if unit.is_file() and not unit.is_symlink():
+        if unit.read_text(errors="replace") == layout.agent_unit_text():
+            unit.unlink()
+            removed += 1
+            for parent in (unit.parent, unit.parent.parent):  # lib/systemd/system, lib/systemd
+                if parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
+        else:
+            print(f"uninstall: kept {layout.agent_unit}: edited")
     for name in BIN_ENTRIES:
         path = layout.staged(layout.bin) / name
         if ours(layout, path):

@@ -276,6 +276,19 @@ def check_server(cfg, checks: List[tuple]) -> None:
                    "without a create"))
 
 
+def check_agent(cfg, checks: List[tuple]) -> None:
+    """Whether the node agent runs on the state dir (its lock held; no fault where
+    it does not: libvgpu still holds each slice, the driver's count is not kept)."""
+    from . import agent
+    pid = agent.holder(cfg.state_dir)
+    if pid:
+        checks.append(("agent", f"pid {pid}, every {cfg.agent_interval_ms} ms (memory: "
+                       f"{cfg.memory_enforcement}, SM: {cfg.sm_enforcement})"))
+    else:
+        checks.append(("agent", "not running (hamictl agent): slices are held by libvgpu alone, not by the "
+                       "driver's count"))
+
+
 def doctor(cfg, repair: bool) -> Report:
     from .. import config
     from ..config_origin import explain
@@ -293,6 +306,7 @@ def doctor(cfg, repair: bool) -> Report:
         faults.append(explain(HamiError("config libvgpu", cfg.libvgpu, "file not found"), cfg.path).line())
     check_log(cfg, faults, checks)
     check_server(cfg, checks)
+    check_agent(cfg, checks)
     gpus = check_gpus(cfg, faults, checks)
     state, held = check_state(cfg, gpus, repair, faults, notes)
     if state:

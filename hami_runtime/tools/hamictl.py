@@ -50,6 +50,7 @@ OTHER_COMMANDS = {
     "metrics": ("metrics", "metrics_command"),
     "doctor": ("doctor", "doctor_command"),
     "update": ("update", "update_command"),
+    "agent": ("agent", "agent_command"),
 }
 
 
@@ -148,25 +149,36 @@ def gpus(ctx, as_json):
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def ps(ctx, as_json):
-    """Allocations: container, GPU, memory, cores, PID."""
+    """Allocations: container, GPU, memory, cores, PID (and, while the node agent
+    runs, what it found: over slice, frozen, killed N)."""
     from ..lifecycle import state_layout
-    from .node_view import identity_of
+    from ..node import agent_state
+    from .node_view import enforcement_of, identity_of
     cfg = _config(ctx.obj["config_path"])
+    agent = agent_state.current(cfg.state_dir)
     rows = []
     for name, entry in sorted(allocations(cfg).items(), key=lambda kv: (kv[1]["id"], kv[0])):
         pid = state_layout.container_pid(cfg.state_dir, name, entry)
         for device in entry["devices"]:
-            rows.append({"container": entry["id"], "runc_root": entry["runc_root"],
-                         "gpu": device.get("index"), "uuid": device["uuid"],
-                         "memory_mib": device["mem_mib"], "cores": device["cores"],
-                         "pid": pid, "identity": identity_of(entry)})
+            row = {"container": entry["id"], "runc_root": entry["runc_root"],
+                   "gpu": device.get("index"), "uuid": device["uuid"],
+                   "memory_mib": device["mem_mib"], "cores": device["cores"],
+                   "pid": pid, "identity": identity_of(entry)}
+            if agent is not None:  # only where an agent runs: the rows stay as they were without one
+                row["enforcement"] = enforcement_of(agent, name, device["uuid"])
+            rows.append(row)
     if as_json:
         click.echo(json_output.dumps(rows))
         return
-    display_text.echo(_table(["CONTAINER", "GPU", "UUID", "MEMORY", "CORES", "PID", "NAME"], [
-        [r["container"], r["gpu"], r["uuid"], f"{r['memory_mib']}MiB", f"{r['cores']}%",
-         r["pid"] or "-", "/".join(v for k, v in sorted(r["identity"].items())
-                                   if k.endswith("name")) or "-"] for r in rows]))
+    headers = ["CONTAINER", "GPU", "UUID", "MEMORY", "CORES", "PID", "NAME"]
+    table = [[r["container"], r["gpu"], r["uuid"], f"{r['memory_mib']}MiB", f"{r['cores']}%",
+              r["pid"] or "-", "/".join(v for k, v in sorted(r["identity"].items())
+                                        if k.endswith("name")) or "-"] for r in rows]
+    if agent is not None:
+        headers.append("ENFORCED")
+        for line, r in zip(table, rows):
+            line.append(", ".join(r["enforcement"]["flags"]) or "-")
+    display_text.echo(_table(headers, table))
 
 
 def main(argv=None) -> int:

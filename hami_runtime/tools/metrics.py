@@ -14,7 +14,12 @@ Every series of a GPU carries `gpu` (its index; GPU:MIG for a MIG instance),
 driver reports at the scrape (node_view.py: read within a deadline, so a scrape
 answers whatever the driver does). Where a HAMi vGPUmonitor or scheduler series
 has the same meaning it is also exported under HAMi's names and labels (both its
-older and its current ones): docs/operations.md has the table."""
+older and its current ones): docs/operations.md has the table.
+
+Where the node agent has run on the state dir (tools/agent.py), its state file
+adds hami_agent_up and the node's hami_enforcement_actions_total; while it runs,
+per container what the driver shows its cgroup's processes holding and using,
+the excess over its slice, whether it is frozen and what was done to it."""
 from __future__ import annotations
 
 import signal
@@ -172,6 +177,56 @@ class RegionCollector:
         yield from self.container_metrics(containers)
         if self.node is not None:
             yield from self.node_metrics(containers)
+        yield from self.agent_metrics(containers)
+
+    def agent_metrics(self, containers) -> Iterator:
+        """The node agent's figures (none where no agent ever ran here)."""
+        from ..node import agent_state
+        from ..node.enforcement import ACTIONS
+        state = agent_state.read(self.state_dir)
+        if state is None:
+            return
+        fresh = state.fresh()
+        up = GaugeMetricFamily("hami_agent_up", "1 while the node agent runs and has written its state "
+                               "lately (hamictl agent)")
+        up.add_metric([], 1 if fresh else 0)
+        yield up
+        totals = CounterMetricFamily("hami_enforcement_actions", "Actions the node agent took: kill "
+                                     "(processes killed), log (episodes reported), freeze", labels=["action"])
+        for action in ACTIONS:
+            totals.add_metric([action], state.totals.get(action, 0))
+        yield totals
+        if not fresh:
+            return
+        per_device = [(GaugeMetricFamily(name, text, labels=DEVICE_LABELS), key) for name, text, key in (
+            ("hami_container_driver_memory_bytes", "Device memory the driver shows the processes of the "
+             "container's cgroup holding (whatever they loaded)", "held"),
+            ("hami_container_memory_excess_bytes", "Device memory the container holds beyond its slice, "
+             "by the driver's count (0: within it)", "excess"),
+            ("hami_container_driver_sm_percent", "SM utilisation the driver shows the container's "
+             "processes using over the last second (where it has an SM share)", "sm_use"),
+            ("hami_container_sm_excess_percent", "SM use beyond the container's share, by the driver's "
+             "count", "sm_excess"))]
+        frozen = GaugeMetricFamily("hami_container_frozen", "1 while the node agent holds the container "
+                                   "frozen for SM use beyond its share", labels=CONTAINER_LABELS)
+        actions = CounterMetricFamily("hami_container_enforcement_actions", "Actions the node agent took "
+                                      "on the container", labels=CONTAINER_LABELS + ["action"])
+        for c in containers:
+            rec = state.containers.get(c.name)
+            if rec is None:
+                continue
+            labels = container_labels(c)
+            frozen.add_metric(labels, 1 if rec.frozen_until else 0)
+            for action in ACTIONS:
+                actions.add_metric(labels + [action], rec.actions.get(action, 0))
+            for d in c.devices:
+                for metric, key in per_device:
+                    value = getattr(rec, key).get(d.uuid)
+                    if value is not None:
+                        metric.add_metric(labels + [str(d.index), d.uuid], value)
+        yield from (metric for metric, _ in per_device)
+        yield frozen
+        yield actions
 
     def container_metrics(self, containers) -> Iterator:
         per_device = [(family(name, help_text, labels=DEVICE_LABELS), value)

@@ -95,6 +95,20 @@ def shown_name(meta) -> str:
     return display_text.one_line(text)
 
 
+def enforcement_of(agent, name: str, uuid: str = "") -> dict:
+    """What the node agent (node/agent_state.AgentState, running) found of the
+    container `name` (on its device `uuid`, else all of them): the driver's
+    figures, the excess, what it did, and the flags the tables show."""
+    from ..node.enforcement import Record, flags
+    rec = agent.containers.get(name) or Record()
+    pick = (lambda table: table.get(uuid)) if uuid else (lambda table: sum(table.values()) if table else None)
+    return {"flags": flags(rec, uuid), "driver_memory_bytes": pick(rec.held),
+            "memory_excess_bytes": pick(rec.excess) or 0, "driver_sm_pct": pick(rec.sm_use),
+            "sm_excess_pct": pick(rec.sm_excess) or 0, "frozen": bool(rec.frozen_until),
+            "killed": rec.killed, "actions": dict(rec.actions), "last_action": rec.last_action,
+            "last_action_at": agent.wall.get(name)}
+
+
 def or_unknown(value, unit: str = "") -> str:
     return "?" if value is None else f"{value}{unit}"
 

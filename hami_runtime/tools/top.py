@@ -294,21 +294,33 @@ def _held(d: DeviceView) -> str:
     return ",".join(held) or "-"
 
 
-def render_table(containers: List[ContainerView]) -> str:
+def _enforced(agent, c: ContainerView, uuid: str) -> tuple:
+    """The ENFORCED cell of a device row where the node agent runs (none where it does not)."""
+    if agent is None:
+        return ()
+    from ..node.enforcement import flags
+    return (", ".join(flags(agent.containers.get(c.name), uuid)) or "-",)
+
+
+def render_table(containers: List[ContainerView], agent=None) -> str:
+    """agent: the node agent's state where one runs (node/agent_state.current):
+    a column says what it found of each container's device."""
     if not containers:
         return "no GPU containers"
+    extra = ("ENFORCED",) if agent is not None else ()
+    blank = ("",) * len(extra)
     rows = [("CONTAINER", "ROOT", "DEV", "UUID", "POLICY", "PRIO", "MEMORY MiB (used / limit)",
-             "SM (use / limit)", "HELD", "PROCS", "POD")]
+             "SM (use / limit)", "HELD", "PROCS", "POD") + extra]
     for c in containers:
         if c.error:
-            rows.append((c.id[:12], _root(c), "-", "-", "", "", c.error, "", "", "", pod_name(c)))
+            rows.append((c.id[:12], _root(c), "-", "-", "", "", c.error, "", "", "", pod_name(c)) + blank)
             continue
         for d in c.devices:
             procs = sum(1 for p in c.processes if p.uses(d.index))
             rows.append((c.id[:12], _root(c), str(d.index), d.uuid, c.core_policy,
                          PRIORITIES.get(c.priority, str(c.priority)),
                          f"{_mib(d.mem_used_bytes)} / {_limit_mib(d.mem_limit_bytes)}",
-                         _sm(c, d), _held(d), str(procs), pod_name(c)))
+                         _sm(c, d), _held(d), str(procs), pod_name(c)) + _enforced(agent, c, d.uuid))
         for p in c.processes:
             host = str(p.host_pid) if p.host_pid else "?"
             state = ", exited" if p.alive is False else ""
@@ -320,7 +332,7 @@ def render_table(containers: List[ContainerView]) -> str:
                     "?" if use is None else f"{use:.0f}%"
                 rows.append((f"  pid {p.pid} (host {host}{state})", "", str(i), "", "", "",
                              f"{_mib(used)} (context {_mib(p.ctx_used_bytes[i])})", shown, "",
-                             f"{p.launches[i]} launches", ""))
+                             f"{p.launches[i]} launches", "") + blank)
     return _columns(rows)
 
 
@@ -364,9 +376,18 @@ def render_gpus(gpus) -> str:
     return "\n".join([_columns(rows)] + notes)
 
 
-def render_json(containers: List[ContainerView], interval: float, gpus=()) -> str:
-    return json_output.dumps({"interval_s": interval, "containers": [asdict(c) for c in containers],
-                              "gpus": [asdict(g) for g in gpus]})
+def render_json(containers: List[ContainerView], interval: float, gpus=(), agent=None) -> str:
+    """agent as for render_table: each container then has `enforcement`
+    (node_view.enforcement_of), the document `agent` (its policy, totals)."""
+    shown = [asdict(c) for c in containers]
+    document = {"interval_s": interval, "containers": shown, "gpus": [asdict(g) for g in gpus]}
+    if agent is not None:
+        from .node_view import enforcement_of
+        for view, c in zip(shown, containers):
+            view["enforcement"] = enforcement_of(agent, c.name)
+        document["agent"] = {"pid": agent.pid, "policy": agent.policy, "totals": agent.totals,
+                             "driver_error": agent.driver_error}
+    return json_output.dumps(document)
 
 
 # ---- CLI edge ----------------------------------------------------------------
@@ -415,6 +436,7 @@ def top_command(state_dir, interval, as_json, watch, count):
         interval = WATCH_INTERVAL if watch else ONE_SHOT_INTERVAL
     if watch and interval <= 0:
         raise click.BadParameter(f"{interval} must be above 0 with --watch", param_hint="--interval")
+    from ..node import agent_state
     from . import node_view
     settings = node_settings(state_dir)
     clear = watch and not as_json and sys.stdout.isatty()
@@ -425,12 +447,14 @@ def top_command(state_dir, interval, as_json, watch, count):
         while True:
             containers = sampler.next(interval)
             gpus = node_view.node_now(settings, reader, containers)
+            agent = agent_state.current(settings["state_dir"])
             if clear:
                 click.echo("\033[H\033[J", nl=False)
             if as_json:
-                click.echo(render_json(containers, interval, gpus))
+                click.echo(render_json(containers, interval, gpus, agent))
             else:
-                display_text.echo("\n\n".join(x for x in (render_table(containers), render_gpus(gpus)) if x))
+                display_text.echo("\n\n".join(x for x in (render_table(containers, agent),
+                                                           render_gpus(gpus)) if x))
             shown += 1
             if not watch or (count is not None and shown >= count):
                 return

@@ -6,11 +6,14 @@
  * stands in for a static binary or a program that drives the device with raw
  * ioctls: the driver counts what it takes, the container's region does not.
  *
- *   dlmopen_alloc <MiB> ... [@<path>] ...
+ *   dlmopen_alloc [-d <device>] <MiB> ... [@<path>] ... [spin <seconds>]
  *
- * Makes a context on device 0, then allocates each <MiB> and prints
+ * Makes a context on the device (0 unless -d says), then allocates each <MiB> and prints
  * "alloc <MiB> <result>"; `@<path>` waits until <path> exists (at most 60 s),
  * holding what it has; `@` alone waits forever. Prints "held" before each wait.
+ * `spin <seconds>` launches the simulator's 10 ms test kernel back to back for
+ * that long (the whole GPU, whatever share the container has) and prints
+ * "spun <kernels>".
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -29,6 +32,11 @@ typedef int (*init_fn)(unsigned);
 typedef int (*device_get_fn)(int *, int);
 typedef int (*ctx_create_fn)(void **, unsigned, int);
 typedef int (*mem_alloc_fn)(unsigned long long *, size_t);
+typedef int (*module_load_fn)(void **, const void *);
+typedef int (*get_function_fn)(void **, void *, const char *);
+typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                         void **, void **);
+typedef int (*sync_fn)(void);
 
 static uint32_t gnu_hash(const char *name)
 {
@@ -77,6 +85,30 @@ static void *by_hand(const struct link_map *lm, const char *name)
     }
 }
 
+/* Kernels of 10 ms, back to back, for `seconds`; how many ran (-1: the kernel was not found). */
+static long spin(const struct link_map *lm, double seconds)
+{
+    module_load_fn load = (module_load_fn)by_hand(lm, "cuModuleLoadData");
+    get_function_fn get = (get_function_fn)by_hand(lm, "cuModuleGetFunction");
+    launch_fn launch = (launch_fn)by_hand(lm, "cuLaunchKernel");
+    sync_fn sync = (sync_fn)by_hand(lm, "cuCtxSynchronize");
+    void *module = NULL, *kernel = NULL;
+    if (!load || !get || !launch || !sync || load(&module, "test image") != 0 || get(&kernel, module, "spin") != 0)
+        return -1;
+    uint64_t us = 10000;
+    void *params[] = {&us};
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long count = 0;
+    do {
+        if (launch(kernel, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL) != 0 || sync() != 0)
+            return -1;
+        count++;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9 < seconds);
+    return count;
+}
+
 static void wait_for(const char *path)
 {
     struct timespec pause = {0, 20000000};
@@ -88,6 +120,7 @@ static void wait_for(const char *path)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);  /* each line as it is said, also into a file */
     void *copy = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     struct link_map *lm = NULL;
     if (!copy || dlinfo(copy, RTLD_DI_LINKMAP, &lm) != 0 || !lm) {
@@ -102,14 +135,23 @@ int main(int argc, char **argv)
         printf("symbols not found\n");
         return 2;
     }
-    int dev = 0, rc;
+    int dev = 0, ordinal = 0, rc, first = 1;
+    if (argc > 2 && !strcmp(argv[1], "-d")) {
+        ordinal = atoi(argv[2]);
+        first = 3;
+    }
     void *ctx = NULL;
-    if ((rc = init(0)) != 0 || (rc = device_get(&dev, 0)) != 0 || (rc = ctx_create(&ctx, 0, dev)) != 0) {
+    if ((rc = init(0)) != 0 || (rc = device_get(&dev, ordinal)) != 0 || (rc = ctx_create(&ctx, 0, dev)) != 0) {
         printf("init %d\n", rc);
         return 2;
     }
     printf("context %d\n", (int)getpid());
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
+        if (!strcmp(argv[i], "spin") && i + 1 < argc) {
+            printf("spun %ld\n", spin(lm, strtod(argv[++i], NULL)));
+            fflush(stdout);
+            continue;
+        }
         if (argv[i][0] == '@') {
             wait_for(argv[i] + 1);
             continue;
