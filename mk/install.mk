@@ -1,6 +1,8 @@
 # make install / make uninstall / make deb: the runtime in a Python environment
 # of its own under $(PREFIX)/lib/hami, made with $(PYTHON) (the layout:
-# packaging/install.py). DESTDIR stages the same files for packagers; they name
+# packaging/install.py; with it the node agent's systemd unit,
+# $(PREFIX)/lib/systemd/system/hami-agent.service, which make install does not
+# start). DESTDIR stages the same files for packagers; they name
 # PREFIX, and work once copied there. make uninstall leaves the node's config
 # cache (/var/cache/hami, /var/lib/hami/cache-key), which every install shares,
 # and says so.

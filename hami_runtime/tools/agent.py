@@ -358,7 +358,7 @@ class Agent:
     driver: DriverSource
     policy: Policy
     clock: Callable[[], int] = time.monotonic_ns
-    say: Callable[[str, str], None] = None  # (level, line): the log and stderr
+    say: Callable[[str, str], None] = lambda level, line: None  # (level, line): the log and stderr
     records: Dict[str, Record] = field(default_factory=dict)
     totals: Dict[str, int] = field(default_factory=dict)
     wall: Dict[str, float] = field(default_factory=dict)
