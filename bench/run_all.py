@@ -9,7 +9,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ORDER = ["libvgpu_overhead.py", "sm_accuracy.py", "runtime_latency.py", "runtime_allocator.py",
-         "resize_latency.py", "metrics_scrape.py", "torch_seed003.py", "llm_decode.py"]
+         "resize_latency.py", "metrics_scrape.py", "agent_cost.py", "torch_seed003.py", "llm_decode.py"]
 
 
 def main() -> int:
