@@ -61,19 +61,27 @@ uint64_t sim_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* The start of a /proc file, NUL-terminated, in one read; -1 when it cannot be read. */
+static int read_text(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    return 0;
+}
+
 /* Start time (field 22) and state letter of /proc/<pid>/stat; -1 when there is none. */
 static int proc_stat(uint32_t pid, uint64_t *start_time, char *letter)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%u/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (read_text(path, buf, sizeof buf) != 0)
         return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
     char *p = strrchr(buf, ')');
     if (!p || p[1] != ' ')
         return -1;
@@ -114,14 +122,8 @@ static int host_view(uint32_t host_pid, uint32_t *inner, uint64_t *pidns, char *
         return -1;
     *pidns = (uint64_t)st.st_ino;
     snprintf(path, sizeof path, "/proc/%u/status", host_pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (read_text(path, buf, sizeof buf) != 0)
         return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
     const char *state = strstr(buf, "\nState:");
     const char *nspid = strstr(buf, "\nNSpid:");
     if (!state || !nspid)
@@ -130,7 +132,7 @@ static int host_view(uint32_t host_pid, uint32_t *inner, uint64_t *pidns, char *
         ;
     *letter = *state;
     const char *end = strchr(nspid + 1, '\n');
-    const char *last = end ? end : buf + n;
+    const char *last = end ? end : nspid + strlen(nspid);
     while (last > nspid && (last[-1] < '0' || last[-1] > '9'))
         last--;
     const char *first = last;
