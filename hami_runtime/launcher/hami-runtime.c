@@ -107,10 +107,10 @@ static int index_of(const char *name, size_t len, const char *const *names)
 static const char *const go_false[] = {"0", "f", "F", "false", "FALSE", "False", NULL};
 
 /*
- * runc's --version (or -v) among the global flags before argv[end]: runc then
- * prints its version and runs no subcommand. Python prints ours before runc's.
+ * A boolean global flag of runc, named `name` or `letter`, set (not to Go's
+ * false) among the global flags before argv[end].
  */
-static int asks_version(int end, char **argv)
+static int global_flag(int end, char **argv, const char *name_long, char letter)
 {
     for (int i = 1; i < end; i++) {
         const char *arg = argv[i];
@@ -121,10 +121,29 @@ static int asks_version(int end, char **argv)
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
         if (takes_value(name, len) && !eq)
             i++;
-        else if ((len == 7 && !strncmp(name, "version", 7)) || (len == 1 && name[0] == 'v'))
+        else if ((len == strlen(name_long) && !strncmp(name, name_long, len)) ||
+                 (len == 1 && name[0] == letter))
             return !eq || index_of(eq + 1, strlen(eq + 1), go_false) < 0;
     }
     return 0;
+}
+
+/*
+ * runc's --version (or -v): runc then prints its version and runs no
+ * subcommand. runc's own help: --help (or -h) among the global flags, the
+ * subcommand help (or h) alone, or no argument at all. Python prints ours
+ * before runc's.
+ */
+static int asks_version(int end, char **argv)
+{
+    return global_flag(end, argv, "version", 'v');
+}
+
+static int asks_help(int argc, char **argv, int at)
+{
+    if (argc == 1 || global_flag(at ? at : argc, argv, "help", 'h'))
+        return 1;
+    return at && at == argc - 1 && (!strcmp(argv[at], "help") || !strcmp(argv[at], "h"));
 }
 
 /*
@@ -488,8 +507,8 @@ int main(int argc, char **argv)
         return hook_main(argc - 2, argv + 2);
     int at = subcommand(argc, argv);
     const char *cmd = at ? argv[at] : NULL;
-    if (asks_version(at ? at : argc, argv))
-        run_python(argv); /* hami-runtime's version, then runc's */
+    if (asks_version(at ? at : argc, argv) || asks_help(argc, argv, at))
+        run_python(argv); /* hami-runtime's version or help, then runc's */
     if (cmd && !strcmp(cmd, "delete")) {
         const char *runtime = find_runtime();
         if (!runtime)

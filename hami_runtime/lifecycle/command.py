@@ -27,8 +27,9 @@ def run(argv: list, creator: int, become) -> int:
     inv = cfg = None
     try:
         inv = argv_mod.parse(argv)
-        # runc prints its version for --version and runs no subcommand
-        shown = ("version" in inv.global_flags or "v" in inv.global_flags) and _print_version(inv)
+        # runc prints its help or its version (--help, --version) and runs no subcommand
+        shown = _print_help(inv) or \
+            (("version" in inv.global_flags or "v" in inv.global_flags) and _print_version(inv))
         cfg = config.load()
         runtime = config.real_runtime(cfg)
         if shown:
@@ -60,6 +61,17 @@ def _refused(message: str, inv, cfg) -> int:
         from .refusal_log import record
         record(cfg, inv, message)
     return 1
+
+
+def _print_help(inv) -> bool:
+    """Ours first, then runc's help (runc's exec'd as for any passthrough)."""
+    from ..version import help_lines, wants_help
+    if not wants_help(inv):
+        return False
+    sys.stdout.write("\n".join(help_lines(config.config_path(), bool(os.environ.get("HAMI_CONFIG"))))
+                     + "\n")
+    sys.stdout.flush()
+    return True
 
 
 def _print_version(inv) -> bool:
