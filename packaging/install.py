@@ -23,7 +23,8 @@ every installed file names PREFIX, so a DESTDIR tree works once copied there):
   lib/systemd/system/hami-agent.service  the node agent's unit (examples/systemd's,
                           naming this prefix's hamictl); systemctl enable --now
                           hami-agent starts it
-  SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there
+  SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there,
+                          its first line naming the path it is installed at
 
 What the runtime makes on the node as it runs is not the install's, and
 uninstall leaves it, saying so: /var/cache/hami (copies of the validated
@@ -55,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "packaging" / "requirements.txt"
 BUILD_REQUIREMENTS = ROOT / "packaging" / "build-requirements.txt"
 CONFIG_EXAMPLE = ROOT / "examples" / "config.toml"
+CONFIG_EXAMPLE_PATH = "/etc/hami/config.toml"  # what the example's first line names
 # dockerd offers `docker run --gpus` only with a program of this name on its PATH
 DOCKER_GPU_HOOK = ROOT / "packaging" / "bin" / "nvidia-container-runtime-hook"
 # the node agent's systemd unit, its ExecStart naming the install's hamictl
@@ -104,6 +106,15 @@ class Layout:
         self.config = f"{os.path.normpath(sysconfdir)}/hami/config.toml"
         self.agent_unit = f"{self.prefix}/lib/systemd/system/{AGENT_UNIT.name}"
         self.packaging = packaging  # files for a .deb, not for this machine
+
+    def config_text(self) -> bytes:
+        """examples/config.toml as installed: its header names this install's path."""
+        text = CONFIG_EXAMPLE.read_bytes()
+        first, newline, rest = text.partition(b"\n")
+        if CONFIG_EXAMPLE_PATH.encode() not in first:
+            raise InstallError("config example", str(CONFIG_EXAMPLE),
+                               f"its first line names no {CONFIG_EXAMPLE_PATH}")
+        return first.replace(CONFIG_EXAMPLE_PATH.encode(), self.config.encode()) + newline + rest
 
     def staged(self, path) -> Path:
         """Where a file of the final path is written."""
@@ -299,7 +310,7 @@ def install(layout: Layout, interp: Interpreter, cc: str, build: Path) -> None:
     if config.exists():
         print(f"install: kept {layout.config} (an existing config is never replaced)")
     else:
-        replace(config, lambda p: shutil.copyfile(CONFIG_EXAMPLE, p), 0o644)
+        replace(config, lambda p: p.write_bytes(layout.config_text()), 0o644)
     print(f"install: hami-runtime {version()} in {layout.lib}, Python {interp.version} "
           f"({interp.path}); engines run {layout.bin}/hami-runtime")
     print(f"install: the node agent's unit is {layout.agent_unit}: start it with "
@@ -372,7 +383,7 @@ def uninstall(layout: Layout) -> None:
             lib.rmdir()
     config = layout.staged(layout.config)
     if config.exists():
-        if config.read_bytes() == CONFIG_EXAMPLE.read_bytes():
+        if config.read_bytes() in (layout.config_text(), CONFIG_EXAMPLE.read_bytes()):
             config.unlink()
             if not any(config.parent.iterdir()):
                 config.parent.rmdir()

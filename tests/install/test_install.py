@@ -61,7 +61,9 @@ def test_layout_names_the_prefix_and_nothing_of_the_build(installed):
     proc = subprocess.run([DISTRO_PYTHON, "-I", "-c", "import hami_runtime"], capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert "No module named 'hami_runtime'" in proc.stderr
-    assert installed.config.read_bytes() == (ROOT / "examples" / "config.toml").read_bytes()
+    example = (ROOT / "examples" / "config.toml").read_text()
+    assert installed.config.read_text() == example.replace(
+        "/etc/hami/config.toml", str(installed.config), 1)
 
 
 @pytest.mark.parametrize("entry,args,expected", [
@@ -197,6 +199,38 @@ def test_uninstall_says_what_it_leaves_of_the_node(tmp_path, monkeypatch, capsys
     install_py.uninstall(install_py.Layout(str(tmp_path / "prefix"), str(tmp_path / "stage"),
                                            str(tmp_path / "etc")))
     assert "left" not in capsys.readouterr().out
+
+
+def load_install_py():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("install_py", ROOT / "packaging" / "install.py")
+    install_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(install_py)
+    return install_py
+
+
+@pytest.mark.parametrize("sysconfdir", ["/etc", "/opt/site/etc/", "/usr/local/etc"])
+def test_installed_config_names_its_own_path(tmp_path, sysconfdir):
+    """The config make install writes says in its first line where it is
+    (SYSCONFDIR's, not always /etc's); the rest is the example's, still valid,
+    and uninstall still knows it for the shipped one."""
+    import tomllib
+
+    from hami_runtime import config
+    install_py = load_install_py()
+    layout = install_py.Layout(str(tmp_path / "prefix"), str(tmp_path / "stage"), sysconfdir)
+    text = layout.config_text().decode()
+    where = f"{sysconfdir.rstrip('/')}/hami/config.toml"
+    assert text.splitlines()[0] == \
+        f"# hami-runtime node config: {where} (HAMI_CONFIG names another file)."
+    example = (ROOT / "examples" / "config.toml").read_text()
+    assert text.splitlines()[1:] == example.splitlines()[1:]
+    assert config.Config(**tomllib.loads(text)) == config.Config()
+    staged = layout.staged(layout.config)
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(layout.config_text())
+    install_py.uninstall(layout)
+    assert not staged.exists()
 
 
 def test_bad_prefix_is_one_line(tmp_path):
