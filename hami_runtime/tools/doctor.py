@@ -255,6 +255,35 @@ def check_gpus(cfg, faults: List[str], checks: List[tuple]) -> list:
     return gpus
 
 
+def check_visible_devices_alone(cfg, gpus, checks: List[tuple]) -> None:
+    """What NVIDIA_VISIBLE_DEVICES=all with no size gets on this node (a stock
+    CUDA image, docker --gpus): NVIDIA's runtime gives whole cards, this node
+    may give a slice of each. Information, never a fault."""
+    name = "NVIDIA_VISIBLE_DEVICES=all"
+    policy = cfg.visible_devices_alone
+    if policy == "none":
+        checks.append((name, 'no GPU: such a create is refused (config visible_devices_alone = "none")'))
+        return
+    if policy == "whole":
+        checks.append((name, 'every GPU, whole (config visible_devices_alone = "whole")'))
+        return
+    from ..lifecycle import allocator
+    whole = [g for g in gpus if not g.is_mig and not g.mig_mode]
+    if cfg.default_memory_mib:
+        what = f"{cfg.default_memory_mib} MiB of each GPU"
+        why = f"config default_memory_mib = {cfg.default_memory_mib}"
+    else:
+        percent = max(1, 100 // cfg.split_count)
+        what = f"a {percent} % slice of each GPU"
+        why = f"1/split_count of the card, split_count = {cfg.split_count}"
+    sizes = sorted({(allocator.capacity(g, cfg.split_count, cfg.memory_scaling).mem_mib, g.memory_mib)
+                    for g in whole})
+    if sizes and not cfg.default_memory_mib:
+        what += " (" + ", ".join(f"{cap * percent // 100} MiB of {mib} MiB" for cap, mib in sizes) + ")"
+    checks.append((name, f"{what}, not the whole card ({why}; config visible_devices_alone = "
+                   '"whole" gives whole cards)'))
+
+
 def check_server(cfg, checks: List[tuple]) -> None:
     """Whether the create server of the state dir listens (its absence is no
     fault: the next GPU create starts it)."""
@@ -308,6 +337,7 @@ def doctor(cfg, repair: bool) -> Report:
     check_server(cfg, checks)
     check_agent(cfg, checks)
     gpus = check_gpus(cfg, faults, checks)
+    check_visible_devices_alone(cfg, gpus, checks)
     state, held = check_state(cfg, gpus, repair, faults, notes)
     if state:
         checks.append(("state", state))

@@ -59,6 +59,8 @@ def test_healthy(node, case, make, state, note):
     assert lines[0] == f"config: {node.config}" and lines[-1] == f"{node.state_dir}: {state}"
     assert [x for x in lines if x.startswith("GPUs: ")] == [
         "GPUs: 2: 0 HAMi Simulated GPU 16384 MiB, 1 HAMi Simulated GPU 16384 MiB"]
+    assert lines[lines.index("GPUs: 2: 0 HAMi Simulated GPU 16384 MiB, 1 HAMi Simulated GPU 16384 MiB")
+                 + 1] == ALL_ALONE[0][1]
     assert not [x for x in lines if x.startswith("fault:")]
     assert shown["healthy"] is True and shown["faults"] == [] and shown["gpus"] == 2
     assert shown["checks"]["state"] == f"{node.state_dir}: {state}"
@@ -67,6 +69,37 @@ def test_healthy(node, case, make, state, note):
         assert any(note in x for x in shown["notes"]) and f"note: " in proc.stdout
     else:
         assert shown["notes"] == []
+
+
+ALL_ALONE = [
+    # (config overrides, the line: what NVIDIA_VISIBLE_DEVICES=all alone gets)
+    ({}, "NVIDIA_VISIBLE_DEVICES=all: a 10 % slice of each GPU (1638 MiB of 16384 MiB), not the whole "
+     'card (1/split_count of the card, split_count = 10; config visible_devices_alone = "whole" gives '
+     "whole cards)"),
+    ({"split_count": 4, "memory_scaling": 2.0},
+     "NVIDIA_VISIBLE_DEVICES=all: a 25 % slice of each GPU (8192 MiB of 16384 MiB), not the whole "
+     'card (1/split_count of the card, split_count = 4; config visible_devices_alone = "whole" gives '
+     "whole cards)"),
+    ({"default_memory_mib": 4096},
+     "NVIDIA_VISIBLE_DEVICES=all: 4096 MiB of each GPU, not the whole card (config default_memory_mib "
+     '= 4096; config visible_devices_alone = "whole" gives whole cards)'),
+    ({"visible_devices_alone": "whole"},
+     'NVIDIA_VISIBLE_DEVICES=all: every GPU, whole (config visible_devices_alone = "whole")'),
+    ({"visible_devices_alone": "none"},
+     "NVIDIA_VISIBLE_DEVICES=all: no GPU: such a create is refused (config visible_devices_alone = "
+     '"none")'),
+]
+
+
+@pytest.mark.parametrize("overrides,line", ALL_ALONE)
+def test_what_visible_devices_all_gets_is_said_and_no_fault(node, overrides, line):
+    """Someone coming from NVIDIA's runtime expects whole cards: one line says
+    what a stock CUDA image gets on this node, under its config."""
+    node.write_config(**overrides)
+    proc, shown = doctor(node)
+    assert proc.returncode == 0, proc.stdout
+    assert [x for x in proc.stdout.splitlines() if x.startswith("NVIDIA_VISIBLE_DEVICES=")] == [line]
+    assert shown["checks"]["NVIDIA_VISIBLE_DEVICES=all"] == line.split(": ", 1)[1]
 
 
 def corrupt_state(node):
