@@ -14,6 +14,10 @@ if [ "$1" != --in-namespace ]; then
     exec unshare --mount --propagation private -- sh "$0" --in-namespace "$@"
 fi
 shift
+# The mount point is on the real root, which no tmpfs can cover: where /.hami
+# is missing, this makes it on the host's disk (empty; nothing is ever written
+# in it but under the tmpfs). The test session removes it when it made it
+# (tests/conftest.py, host_left_as_found).
 mkdir -p /.hami
 mount -t tmpfs -o mode=0755 hami-runtime-made /.hami
 touch /.hami/limits

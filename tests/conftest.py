@@ -1,7 +1,11 @@
 """Paths and helpers every test directory shares."""
+import contextlib
+import fcntl
 import functools
+import json
 import os
 import signal
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -129,3 +133,201 @@ def no_create_server_left(tmp_path_factory):
                     os.kill(pid, signal.SIGTERM)
         except OSError:
             continue
+
+
+# --- What the test session leaves on the host -------------------------------
+# Some tests need paths on the host's own disk, outside any tmp dir:
+# - /.hami: scripts/runtime-made.sh mounts a tmpfs there in a private mount
+#   namespace, but the mount point itself must exist on the real root (no
+#   tmpfs can be put over `/` cheaply, and libvgpu's paths are fixed);
+# - /usr/local/vgpu: the same, where /usr/local cannot be hidden (see
+#   tests/libvgpu/test_runtime_made.py);
+# - the runtime, as the tests drive it, keeps its config cache at its real
+#   default paths (hami_runtime/config_cache.py): PERSISTENT_DIR
+#   (/var/cache/hami), the cache key in KEY_DIR (/var/lib/hami), and the
+#   defaults' state dir (/run/hami) when a test runs with no config file.
+# The session records, before its first test, which of these exist and what
+# they hold, and at its end removes what the tests made there and nothing
+# else: files (never followed links, never a dir's contents wholesale) that
+# were not there, then dirs that were not there, each with rmdir (so a dir
+# someone else filled meanwhile stays). Inside a dir that was there before,
+# only files of the cache's own names are removed (a real node's state, in
+# /run/hami, is never touched).
+# Two sessions may run at once (a second `make test` beside the first): each
+# holds HOST_LOCK shared while it runs, and HOST_GUARD is held exclusively
+# while a session starts or ends. The first session of a group of
+# overlapping ones writes what it found into HOST_RECORD; later ones use that
+# record, and only the session that ends last (it can take HOST_LOCK
+# exclusively: no other session holds it) cleans up and runs the check
+# below, then removes the record. A session that ends while another still
+# runs cleans nothing, and says so.
+# They live in a dir of ours that no one else may write in (checked), not
+# loose in /tmp where another user could plant a link or a record.
+HOST_DIR = "/tmp/hami-tests-host"
+HOST_GUARD = f"{HOST_DIR}/guard"
+HOST_LOCK = f"{HOST_DIR}/lock"
+HOST_RECORD = f"{HOST_DIR}/record.json"
+MADE_BY_TESTS = {  # path -> names a test session may leave in it when it existed before
+    "/.hami": (),
+    "/usr/local/vgpu": (),
+    "/var/cache/hami": ("config-*.json", ".hami-*"),
+    "/var/lib/hami": ("cache-key", ".hami-*"),
+    "/run/hami": (),
+}
+# The dirs whose entries must be the same after the session as before it.
+WATCHED = ("/", "/usr/local", "/usr/local/lib", "/etc", "/var/cache", "/var/lib", "/run", "/opt")
+# What the session may add there: the engines' own state, made when the
+# engine tests start dockerd, containerd and podman (and their CNI), which
+# live on as any installed engine's would.
+ENGINE_STATE = (
+    "/etc/containerd", "/etc/docker", "/etc/containers", "/etc/cni",
+    "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers", "/var/lib/cni",
+    "/var/cache/containers",
+    "/run/containerd", "/run/docker", "/run/docker.pid", "/run/docker.sock", "/run/containers",
+    "/run/libpod", "/run/runc", "/run/crun", "/run/cni", "/run/netns", "/run/user",
+    "/opt/containerd", "/opt/cni",
+    "/run/mount",  # util-linux's mount table (utab), made by the first `mount` that needs it
+)
+
+
+def _tree(root: str):
+    """Every path under root (root included) with whether it is a dir; None when
+    root is missing or not a dir (a link is never followed)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return None
+    except OSError:
+        return None
+    found = {root: True}
+    for top, dirs, files in os.walk(root):
+        for name in dirs:  # a link to a dir is listed here, never followed: a file to remove
+            found[os.path.join(top, name)] = not os.path.islink(os.path.join(top, name))
+        for name in files:
+            found[os.path.join(top, name)] = False
+    return found
+
+
+def _listing():
+    out = {}
+    for d in WATCHED:
+        try:
+            out[d] = sorted(os.listdir(d))
+        except OSError:
+            out[d] = []
+    return out
+
+
+def _host_record():
+    return {"made": {root: _tree(root) for root in MADE_BY_TESTS}, "listing": _listing()}
+
+
+def _clean_made(record) -> list:
+    """Removes what the tests made under MADE_BY_TESTS (see above); what it removed."""
+    from fnmatch import fnmatch
+    removed = []
+    for root, names in MADE_BY_TESTS.items():
+        before, now = record["made"].get(root), _tree(root)
+        if now is None:
+            continue
+        new = [p for p in now if before is None or p not in before]
+        if before is not None:  # a dir that was there: only the cache's own files
+            new = [p for p in new if not now[p] and os.path.dirname(p) == root
+                   and any(fnmatch(os.path.basename(p), n) for n in names)]
+        for path in sorted(new, key=len, reverse=True):  # files before the dirs they are in
+            try:
+                if now[path]:
+                    os.rmdir(path)
+                elif not stat.S_ISDIR(os.lstat(path).st_mode):
+                    os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+def _new_entries(before) -> list:
+    now = _listing()
+    new = []
+    for d in WATCHED:
+        for name in sorted(set(now[d]) - set(before.get(d, []))):
+            path = os.path.join(d, name)
+            if path == "/tmp" or any(path == e or path.startswith(e + ".") for e in ENGINE_STATE):
+                continue
+            new.append(path)
+    return new
+
+
+def _write_record(record) -> None:
+    temp = f"{HOST_RECORD}.{os.getpid()}"
+    with open(temp, "w") as handle:
+        json.dump(record, handle)
+    os.replace(temp, HOST_RECORD)
+
+
+def _others_run() -> bool:
+    """Whether another session holds HOST_LOCK (call without holding it)."""
+    probe = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(probe)
+
+
+@contextlib.contextmanager
+def _guard():
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(HOST_DIR, 0o700)
+    st = os.lstat(HOST_DIR)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise pytest.UsageError(f"{HOST_DIR}: not a dir of ours that only we may write in: remove it")
+    fd = os.open(HOST_GUARD, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_left_as_found(request):
+    """The session leaves no new path in WATCHED (ENGINE_STATE aside), and
+    removes what it made in MADE_BY_TESTS (see the note above). Its name sorts
+    before every other autouse fixture's here: set up first, ended last."""
+    with _guard():
+        record = None
+        if _others_run():  # the first of the sessions running recorded the host
+            try:
+                with open(HOST_RECORD) as handle:
+                    record = json.load(handle)
+            except (OSError, ValueError):
+                pass
+        if record is None:  # alone (a record left by a killed session is stale)
+            record = _host_record()
+            _write_record(record)
+        # CLOEXEC: no process the tests start (an engine's daemon) holds it after us
+        lock = os.open(HOST_LOCK, os.O_RDWR | os.O_CLOEXEC)
+        fcntl.flock(lock, fcntl.LOCK_SH)
+    yield
+    with _guard():
+        os.close(lock)
+        if _others_run():
+            note = ("note: another test session is running: it removes what the tests made on the "
+                    "host and checks that nothing else was left")
+            capture = request.config.pluginmanager.get_plugin("capturemanager")
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                print(f"\n{note}")
+            return
+        try:
+            with open(HOST_RECORD) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            pass
+        _clean_made(record)
+        left = _new_entries(record["listing"])
+        with contextlib.suppress(OSError):
+            os.unlink(HOST_RECORD)
+    if left:
+        pytest.fail("the test session left new paths on the host: " + ", ".join(left), pytrace=False)

@@ -45,6 +45,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 
@@ -324,9 +325,14 @@ def _load(state_dir: str) -> State:
         except ValueError:
             parsed = None
         if parsed is None:
-            # Keep the bad file for the operator, then rebuild from what runs.
+            # Keep the bad file for the operator, then rebuild from what runs. No
+            # config (so no log file) is at hand here: one line to stderr, which
+            # the engine keeps as it keeps the runtime's other errors.
+            aside = f"{path}.corrupt-{int(time.time())}"
             with contextlib.suppress(OSError):
-                os.replace(path, f"{path}.corrupt-{int(time.time())}")
+                os.replace(path, aside)
+                print(f"hami-runtime: {path}: not a state file; set aside as {aside}, "
+                      "rebuilt from the running containers' bundles", file=sys.stderr, flush=True)
     state = State(state_dir, *(parsed or (rebuild(state_dir), {})))
     if parsed is not None and "pods" in data:
         from . import pod_ledger

@@ -2,6 +2,8 @@
 path, the region dir read-write), without the rest of a container: limits come from
 the file alone, anything unusable fails closed, and a region written over from
 inside never lets one process past its limit or share."""
+import os
+import shutil
 import subprocess
 import threading
 import time
@@ -11,7 +13,7 @@ import pytest
 from hami_runtime.node import region
 from tests.conftest import SIM, runtime_made
 
-from .conftest import MIB
+from .conftest import MIB, PROBE
 from .test_resize import Running
 
 LIMIT = 1024 * MIB
@@ -113,14 +115,32 @@ def test_a_process_is_held_whatever_its_region_says(probe):
 COMPAT_DIR = "/usr/local/vgpu"   # where the runtime also mounts libvgpu, as HAMi-core users expect it
 
 
+def make_compat_dir(probe):
+    """The shell that makes COMPAT_DIR, in the test's private mount namespace,
+    without writing to the host's disk: where it is missing, a tmpfs over
+    /usr/local holds it, unless what the test runs (the probe, its tmp dir, the
+    simulated driver) is under /usr/local, which the tmpfs would hide; then it
+    is made on the disk and the test session removes it (tests/conftest.py)."""
+    used = [PROBE, probe.tmp, SIM]
+    if any(str(p).startswith(f"{COMPAT_PARENT}/") for p in used):
+        return f"mkdir -p {COMPAT_DIR}"
+    return (f"{{ test -d {COMPAT_DIR} || {{ mount -t tmpfs -o mode=0755 hami-test {COMPAT_PARENT} && "
+            f"mkdir {COMPAT_DIR}; }}; }}")
+
+
+COMPAT_PARENT = os.path.dirname(COMPAT_DIR)
+
+
 @pytest.mark.parametrize("preload", [f"{COMPAT_DIR}/libvgpu.so", "{tmp}/a-link.so"], ids=["by name", "by a link"])
 def test_the_runtimes_library_without_its_limits_fails_closed(probe, preload):
     """Loaded from where the runtime mounts it, libvgpu is in a runtime-made container,
     whatever hides the limits file: it refuses, never runs bare on the env's limits."""
     from tests.conftest import LIBVGPU
     preload = preload.format(tmp=probe.tmp)
-    script = (f"mkdir -p {COMPAT_DIR} && mount -t tmpfs hami-test {COMPAT_DIR} && "
-              f"cp {LIBVGPU} {COMPAT_DIR}/libvgpu.so && ln -sf {COMPAT_DIR}/libvgpu.so {probe.tmp}/a-link.so && "
+    shutil.copy2(LIBVGPU, probe.tmp / "libvgpu.so")
+    script = (f"{make_compat_dir(probe)} && mount -t tmpfs hami-test {COMPAT_DIR} && "
+              f"cp {probe.tmp}/libvgpu.so {COMPAT_DIR}/libvgpu.so && "
+              f"ln -sf {COMPAT_DIR}/libvgpu.so {probe.tmp}/a-link.so && "
               f'LD_PRELOAD={preload} exec "$@"')
     probe.prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
     result = probe.run("link", "info", preload=False, check=False, CUDA_DEVICE_MEMORY_LIMIT="8g")

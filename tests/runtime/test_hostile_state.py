@@ -290,3 +290,21 @@ def test_an_entry_that_cannot_be_cleaned_never_blocks_a_create(node):
     assert "at most" in node.hamictl("doctor").stdout  # named, for the operator
     assert node.hamictl("doctor", "--repair").returncode == 0
     assert long_name not in json.dumps(node.state())
+
+
+def test_a_corrupt_state_file_is_set_aside_with_one_line(node):
+    """A state file that is not one is kept for the operator beside its name and
+    rebuilt from the live containers' bundles; the one line on stderr says so."""
+    assert node.create("kept", node.bundle("kept", GPU)).returncode == 0
+    path = node.state_dir / store.STATE_FILE
+    path.write_text('{"version": 2, "allocations": {"kept": ')
+    proc = node.hamictl("ps", "--json")
+    assert proc.returncode == 0, proc.stderr
+    [aside] = [p for p in node.state_dir.iterdir() if p.name.startswith(f"{store.STATE_FILE}.corrupt-")]
+    assert aside.read_text() == '{"version": 2, "allocations": {"kept": '
+    assert proc.stderr == (f"hami-runtime: {path}: not a state file; set aside as {aside}, "
+                           "rebuilt from the running containers' bundles\n"), proc.stderr
+    assert [r["container"] for r in json.loads(proc.stdout)] == ["kept"]
+    again = node.hamictl("ps", "--json")  # rebuilt and written back: nothing more to say
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert node.runtime("delete", "kept").returncode == 0
