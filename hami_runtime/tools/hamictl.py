@@ -153,13 +153,14 @@ def ps(ctx, as_json):
     runs, what it found: over slice, frozen, killed N)."""
     from ..lifecycle import state_layout
     from ..node import agent_state
-    from .node_view import enforcement_of, identity_of
+    from .node_view import container_meta, enforcement_of, identity_of, shown_name
     cfg = _config(ctx.obj["config_path"])
     agent = agent_state.current(cfg.state_dir)
-    rows = []
+    rows, shown = [], []  # shown: each row's name as gpus and top show it
     for name, entry in sorted(allocations(cfg).items(), key=lambda kv: (kv[1]["id"], kv[0])):
         pid = state_layout.container_pid(cfg.state_dir, name, entry)
         for device in entry["devices"]:
+            shown.append(shown_name(container_meta(entry)))
             row = {"container": entry["id"], "runc_root": entry["runc_root"],
                    "gpu": device.get("index"), "uuid": device["uuid"],
                    "memory_mib": device["mem_mib"], "cores": device["cores"],
@@ -172,8 +173,7 @@ def ps(ctx, as_json):
         return
     headers = ["CONTAINER", "GPU", "UUID", "MEMORY", "CORES", "PID", "NAME"]
     table = [[r["container"], r["gpu"], r["uuid"], f"{r['memory_mib']}MiB", f"{r['cores']}%",
-              r["pid"] or "-", "/".join(v for k, v in sorted(r["identity"].items())
-                                        if k.endswith("name")) or "-"] for r in rows]
+              r["pid"] or "-", named] for r, named in zip(rows, shown)]
     if agent is not None:
         headers.append("ENFORCED")
         for line, r in zip(table, rows):

@@ -302,9 +302,10 @@ def _enforced(agent, c: ContainerView, uuid: str) -> tuple:
     return (", ".join(flags(agent.containers.get(c.name), uuid)) or "-",)
 
 
-def render_table(containers: List[ContainerView], agent=None) -> str:
+def render_table(containers: List[ContainerView], agent=None, width: int = 0) -> str:
     """agent: the node agent's state where one runs (node/agent_state.current):
-    a column says what it found of each container's device."""
+    a column says what it found of each container's device. width: fit that
+    many columns (fit_columns); 0: every column in full."""
     if not containers:
         return "no GPU containers"
     extra = ("ENFORCED",) if agent is not None else ()
@@ -333,14 +334,71 @@ def render_table(containers: List[ContainerView], agent=None) -> str:
                 rows.append((f"  pid {p.pid} (host {host}{state})", "", str(i), "", "", "",
                              f"{_mib(used)} (context {_mib(p.ctx_used_bytes[i])})", shown, "",
                              f"{p.launches[i]} launches", "") + blank)
-    return _columns(rows)
+    return _columns(rows, width, TABLE_FITS)
 
 
-def _columns(rows) -> str:
-    rows = [[display_text.one_line(cell) for cell in row] for row in rows]
+# How a table is made narrower, step by step, until it fits the terminal:
+# (header, what happens to it: a shorter header and cells cut to a length, or
+# None: the column goes). Past the last step, lines are cut (never wrapped).
+UUID_SHORT = 13  # "GPU-aaaaaaaa~": enough to tell a node's GPUs apart
+TABLE_FITS = [
+    ("UUID", ("UUID", UUID_SHORT)),
+    ("MEMORY MiB (used / limit)", ("MEM MiB", None)),
+    ("SM (use / limit)", ("SM", None)),
+    ("ROOT", ("ROOT", 16)),
+    ("UUID", None),
+    ("ROOT", None),
+    ("POLICY", None),
+    ("PRIO", None),
+    ("HELD", None),
+    ("PROCS", None),
+]
+GPU_FITS = [
+    ("UUID", ("UUID", UUID_SHORT)),
+    ("MEMORY MiB (driver / promised / capacity)", ("MEM MiB drv/prom/cap", None)),
+    ("MODEL", ("MODEL", 16)),
+    ("UUID", None),
+    ("MODEL", None),
+    ("OUTSIDE MiB", ("OUT MiB", None)),
+    ("CONTAINERS", ("CTRS", None)),
+]
+
+
+def _cut(cell: str, length: int) -> str:
+    return cell if len(cell) <= length else cell[:length - 1] + "~"
+
+
+def _laid_out(rows) -> List[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
-                     for row in rows)
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def fit_columns(rows, width: int, steps) -> List[str]:
+    """The table's lines (rows[0] its header), at most `width` characters each
+    where width > 0: each step in turn abbreviates or drops a column until the
+    table fits; what still does not fit is cut at the edge, never wrapped."""
+    lines = _laid_out(rows)
+    if width <= 0:
+        return lines
+    for header, change in steps:
+        if max(len(x) for x in lines) <= width:
+            return lines
+        if header not in rows[0]:
+            continue
+        at = rows[0].index(header)
+        if change is None:
+            rows = [row[:at] + row[at + 1:] for row in rows]
+        else:
+            short, length = change
+            rows = [row[:at] + [short if n == 0 else _cut(row[at], length) if length else row[at]]
+                    + row[at + 1:] for n, row in enumerate(rows)]
+        lines = _laid_out(rows)
+    return [x[:width].rstrip() for x in lines]
+
+
+def _columns(rows, width: int = 0, steps=()) -> str:
+    rows = [[display_text.one_line(cell) for cell in row] for row in rows]
+    return "\n".join(fit_columns(rows, width, steps))
 
 
 def pod_name(c) -> str:
@@ -352,9 +410,10 @@ def _opt_mib(value: Optional[int]) -> str:
     return "?" if value is None else _mib(value)
 
 
-def render_gpus(gpus) -> str:
+def render_gpus(gpus, width: int = 0) -> str:
     """The node's GPUs (node_view.GpuView): the driver's figures, what the allocator
-    promised, capacity; memory outside every slice, with its processes."""
+    promised, capacity; memory outside every slice, with its processes. width:
+    as for render_table."""
     if not gpus:
         return ""
     rows = [("GPU", "UUID", "MODEL", "MEMORY MiB (driver / promised / capacity)", "OUTSIDE MiB",
@@ -373,7 +432,9 @@ def render_gpus(gpus) -> str:
             notes.append(f"GPU {g.gpu}: driver not read: {g.driver_error}")
         if g.allocator_error:
             notes.append(f"GPU {g.gpu}: allocator state not read: {g.allocator_error}")
-    return "\n".join([_columns(rows)] + notes)
+    if width > 0:
+        notes = [x[:width] for x in notes]
+    return "\n".join([_columns(rows, width, GPU_FITS)] + notes)
 
 
 def render_json(containers: List[ContainerView], interval: float, gpus=(), agent=None) -> str:
@@ -415,6 +476,78 @@ def node_settings(state_dir: Optional[str]) -> dict:
     return values
 
 
+def terminal_width() -> int:
+    """The terminal's width where stdout is one (the table is fitted to it),
+    else 0: every column in full for a pipe or a file."""
+    import shutil
+    if not sys.stdout.isatty():
+        return 0
+    return shutil.get_terminal_size().columns
+
+
+class _Quit(Exception):
+    """q was pressed."""
+
+
+class QuitKey:
+    """While --watch runs with stdin a terminal: stdin in cbreak mode (keys
+    arrive unbuffered, not echoed; Ctrl-C still interrupts), its settings put
+    back on exit. `wait(seconds)` sleeps, ending early with _Quit on q (or Q).
+    With stdin not a terminal, a plain sleep."""
+
+    def __init__(self, stream=None):
+        self.fd = None
+        self.saved = None
+        stream = sys.stdin if stream is None else stream
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return
+        if not os.isatty(fd):
+            return
+        import termios
+        import tty
+        try:
+            self.saved = termios.tcgetattr(fd)
+            tty.setcbreak(fd, termios.TCSANOW)
+        except termios.error:
+            self.saved = None
+            return
+        self.fd = fd
+
+    def wait(self, seconds: float) -> None:
+        if self.fd is None:
+            time.sleep(seconds)
+            return
+        import select
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    keys = os.read(self.fd, 64)
+                except OSError:
+                    keys = b""
+                if not keys:  # the terminal went away: no more keys, a plain sleep
+                    self.close()
+                    time.sleep(max(0.0, end - time.monotonic()))
+                    return
+                if b"q" in keys or b"Q" in keys:
+                    raise _Quit()
+
+    def close(self) -> None:
+        if self.fd is not None and self.saved is not None:
+            import termios
+            try:
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+            except termios.error:
+                pass
+        self.fd = None
+
+
 ONE_SHOT_INTERVAL = 0.5
 WATCH_INTERVAL = 1.0
 
@@ -429,9 +562,13 @@ WATCH_INTERVAL = 1.0
 @click.option("--watch", is_flag=True, help="refresh every interval until interrupted")
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="with --watch: stop after this many refreshes")
-def top_command(state_dir, interval, as_json, watch, count):
+@click.option("--width", type=click.IntRange(min=0), default=None,
+              help="fit the tables to this many columns, abbreviating and dropping columns "
+                   "(default: the terminal's width where output is a terminal; 0: every column in full)")
+def top_command(state_dir, interval, as_json, watch, count, width):
     """Memory, SM use and throttling per GPU container and process; per GPU, the
-    driver's figures against what the allocator promised."""
+    driver's figures against what the allocator promised. With --watch, q (or
+    Ctrl-C) ends it."""
     if interval is None:
         interval = WATCH_INTERVAL if watch else ONE_SHOT_INTERVAL
     if watch and interval <= 0:
@@ -440,7 +577,9 @@ def top_command(state_dir, interval, as_json, watch, count):
     from . import node_view
     settings = node_settings(state_dir)
     clear = watch and not as_json and sys.stdout.isatty()
-    sampler = Sampler(settings["state_dir"])
+    width = terminal_width() if width is None else width
+    keys = QuitKey() if watch else None
+    sampler = Sampler(settings["state_dir"], sleep=keys.wait if keys else None)
     reader = node_view.DriverReader(settings["nvml_library"])
     shown = 0
     try:
@@ -453,10 +592,13 @@ def top_command(state_dir, interval, as_json, watch, count):
             if as_json:
                 click.echo(render_json(containers, interval, gpus, agent))
             else:
-                display_text.echo("\n\n".join(x for x in (render_table(containers, agent),
-                                                           render_gpus(gpus)) if x))
+                display_text.echo("\n\n".join(x for x in (render_table(containers, agent, width),
+                                                           render_gpus(gpus, width)) if x))
             shown += 1
             if not watch or (count is not None and shown >= count):
                 return
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Quit):
         return
+    finally:
+        if keys is not None:
+            keys.close()
