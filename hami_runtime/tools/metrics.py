@@ -12,7 +12,9 @@ policy, priority) as labels, to join on (container, root).
 Every series of a GPU carries `gpu` (its index; GPU:MIG for a MIG instance),
 `uuid` and `model`: its capacity, what the allocator has promised, and what the
 driver reports at the scrape (node_view.py: read within a deadline, so a scrape
-answers whatever the driver does). Where a HAMi vGPUmonitor or scheduler series
+answers whatever the driver does). Every series carries `node`, the node's name
+(--node-name, $NODE_NAME, else the host name), the label HAMi's current series
+name it with, so a dashboard picks nodes by name, not by scrape address. Where a HAMi vGPUmonitor or scheduler series
 has the same meaning it is also exported under HAMi's names and labels (both its
 older and its current ones): docs/operations.md has the table.
 
@@ -132,6 +134,10 @@ HAMI_GPU_METRICS = (
      "hami_node_gpu_memory_allocated_ratio",
      _promised(lambda v: v.memory_promised_bytes / v.capacity_bytes if v.capacity_bytes else None), ()),
 )
+# HAMi's own nodeGPUMemoryPercentage names no device type (node, uuid and index only).
+NO_DEVICE_TYPE = {"nodeGPUMemoryPercentage", "hami_node_gpu_memory_allocated_ratio"}
+# The node's name on every series, under the label HAMi's current names give it.
+NODE_LABEL = "node"
 # Per container and device: HAMi's labels name the pod, the container and the device's
 # place in the container; container_id and root keep two containers without names apart.
 HAMI_CONTAINER_LABELS = (("podnamespace", "namespace"), ("podname", "pod"), ("ctrname", "container"),
@@ -173,6 +179,15 @@ class RegionCollector:
         self.node = node
 
     def collect(self) -> Iterator:
+        node_name = self.node.node_name if self.node is not None else ""
+        for family in self.families():
+            if node_name:  # every series names its node, as a dashboard's node picker needs
+                family.samples = [s if NODE_LABEL in s.labels else
+                                  s._replace(labels={NODE_LABEL: node_name, **s.labels})
+                                  for s in family.samples]
+            yield family
+
+    def families(self) -> Iterator:
         containers = top.read_all(self.state_dir)
         yield from self.container_metrics(containers)
         if self.node is not None:
@@ -273,9 +288,10 @@ class RegionCollector:
         if node.hami_names:
             for ours, legacy, current, value, extra in HAMI_GPU_METRICS:
                 for i, name in ((0, legacy), (1, current)):
-                    labels = [pair[i] for pair in HAMI_GPU_LABELS] + [e[i] for e in extra]
+                    kept = HAMI_GPU_LABELS[:-1] if name in NO_DEVICE_TYPE else HAMI_GPU_LABELS
+                    labels = [pair[i] for pair in kept] + [e[i] for e in extra]
                     aliases.append((GaugeMetricFamily(name, f"As HAMi names {ours}", labels=labels),
-                                    value, extra))
+                                    value, extra, len(kept)))
         for v in gpus:
             labels = [v.gpu, v.uuid, v.model]
             gpu_info.add_metric(labels, {"parent": v.parent, "mig_mode": str(int(v.mig_mode))})
@@ -284,14 +300,14 @@ class RegionCollector:
                 if sample is not None:
                     metric.add_metric(labels, sample)
             hami = [node.node_name, v.uuid, str(v.index), f"NVIDIA-{v.model}" if v.model else ""]
-            for metric, value, extra in aliases:
+            for metric, value, extra, kept in aliases:
                 sample = value(v)
                 extras = [_text(e[2](v)) for e in extra]
                 if sample is not None:
-                    metric.add_metric(hami + extras, sample)
+                    metric.add_metric(hami[:kept] + extras, sample)
         yield from (metric for metric, _ in families)
         yield gpu_info
-        yield from (metric for metric, _, _ in aliases)
+        yield from (metric for metric, *_ in aliases)
         scaling = GaugeMetricFamily("hami_node_memory_scaling", "How far the allocator may promise "
                                     "device memory beyond the physical (memory_scaling)")
         scaling.add_metric([], settings["memory_scaling"])
@@ -335,7 +351,8 @@ def serve(state_dir: str, host: str, port: int, node: Optional[NodeSource] = Non
 @click.option("--listen", default="127.0.0.1:9464", show_default=True, metavar="HOST:PORT",
               help="address to serve /metrics on")
 @click.option("--node-name", envvar="NODE_NAME", default=None,
-              help="the node's name in HAMi's series (default $NODE_NAME, else the host name)")
+              help="the node's name: the `node` label of every series and HAMi's `nodeid` "
+              "(default $NODE_NAME, as a Kubernetes DaemonSet sets it, else the host name)")
 @click.option("--driver-timeout", type=click.FloatRange(min=0.05, max=0.9),
               default=node_view.DRIVER_DEADLINE_S, show_default=True,
               help="seconds a scrape waits for the driver before it answers without it")

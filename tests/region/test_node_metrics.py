@@ -170,12 +170,13 @@ def series(found, name):
                   key=lambda item: sorted(item[0].items()))
 
 
-GPU0 = {"gpu": "0", "uuid": UUID0, "model": MODEL}
+NODE = {"node": "node-1"}  # --node-name, on every series
+GPU0 = NODE | {"gpu": "0", "uuid": UUID0, "model": MODEL}
 CARD_MIB = 16384
 USED_MIB = {"a": 512 + CONTEXT_MIB, "b": 256 + CONTEXT_MIB, "outside": 1024 + CONTEXT_MIB}
-A_LABELS = {"container": CID_A, "root": root_key(K8S), "pod_namespace": "ml", "pod_name": "trainer-0",
+A_LABELS = NODE | {"container": CID_A, "root": root_key(K8S), "pod_namespace": "ml", "pod_name": "trainer-0",
             "container_name": ODD_NAME[:node_view.MAX_LABEL], "request_source": "annotation"}
-B_LABELS = {"container": CID_B, "root": root_key(MOBY), "pod_namespace": "", "pod_name": "",
+B_LABELS = NODE | {"container": CID_B, "root": root_key(MOBY), "pod_namespace": "", "pod_name": "",
             "container_name": "", "request_source": "env"}
 
 # Every per-GPU series of card 0: name -> value.
@@ -228,13 +229,13 @@ def test_scrape_shows_each_gpu_and_container_with_its_pod(node, serve):
     assert series(found, "hami_container_info") == [
         (A_LABELS | {"runc_root": K8S, "core_policy": "default", "priority": "1"}, 1),
         (B_LABELS | {"runc_root": MOBY, "core_policy": "default", "priority": "1"}, 1)]
-    assert series(found, "hami_node_memory_scaling") == [({}, 1.5)]
-    assert series(found, "hami_node_info") == [({"policy": "spread", "core_policy": "default"}, 1)]
+    assert series(found, "hami_node_memory_scaling") == [(NODE, 1.5)]
+    assert series(found, "hami_node_info") == [(NODE | {"policy": "spread", "core_policy": "default"}, 1)]
     assert took < 1, took
 
 
 # HAMi's names of the same figures, older and current labels: name -> (labels, value) of card 0.
-HAMI_GPU_OLD = {"nodeid": "node-1", "deviceuuid": UUID0, "deviceidx": "0", "devicetype": f"NVIDIA-{MODEL}"}
+HAMI_GPU_OLD = NODE | {"nodeid": "node-1", "deviceuuid": UUID0, "deviceidx": "0", "devicetype": f"NVIDIA-{MODEL}"}
 HAMI_GPU_NEW = {"node": "node-1", "device_uuid": UUID0, "device_index": "0", "device_type": f"NVIDIA-{MODEL}"}
 HAMI_GPU_SERIES = [
     ("HostGPUMemoryUsage", "hami_host_gpu_memory_used_bytes", {}, {}, sum(USED_MIB.values()) * MiB),
@@ -249,16 +250,20 @@ HAMI_GPU_SERIES = [
      {"device_cores": "100", "device_memory_limit": "24576"}, 3072 * MiB),
     ("nodeGPUMemoryPercentage", "hami_node_gpu_memory_allocated_ratio", {}, {}, 3072 / 24576),
 ]
+NO_DEVICE_TYPE = {"nodeGPUMemoryPercentage"}  # as HAMi's own: node, uuid and index only
 
 
 @pytest.mark.parametrize("old,new,old_extra,new_extra,value", HAMI_GPU_SERIES,
                          ids=[row[0] for row in HAMI_GPU_SERIES])
 def test_hami_gpu_names(node, serve, old, new, old_extra, new_extra, value):
     found = samples(serve(node["config"]).scrape()[0])
+    old_labels, new_labels = HAMI_GPU_OLD | old_extra, HAMI_GPU_NEW | new_extra
+    if old in NO_DEVICE_TYPE:
+        del old_labels["devicetype"], new_labels["device_type"]
     assert [s for s in series(found, old) if s[0]["deviceuuid"] == UUID0] == [
-        (HAMI_GPU_OLD | old_extra, pytest.approx(value))]
+        (old_labels, pytest.approx(value))]
     assert [s for s in series(found, new) if s[0]["device_uuid"] == UUID0] == [
-        (HAMI_GPU_NEW | new_extra, pytest.approx(value))]
+        (new_labels, pytest.approx(value))]
 
 
 def test_hami_container_names(node, serve):
@@ -268,10 +273,10 @@ def test_hami_container_names(node, serve):
                              ("vGPU_device_memory_limit_in_bytes", "hami_vgpu_memory_limit_bytes",
                               CONTAINER_SERIES["hami_container_memory_limit_bytes"])):
         assert series(found, old) == sorted([
-            ({"podnamespace": "ml", "podname": "trainer-0", "ctrname": A_LABELS["container_name"],
+            (NODE | {"podnamespace": "ml", "podname": "trainer-0", "ctrname": A_LABELS["container_name"],
               "vdeviceid": "0", "deviceuuid": UUID0, "container_id": CID_A, "root": root_key(K8S)},
              values[CID_A]),
-            ({"podnamespace": "", "podname": "", "ctrname": "", "vdeviceid": "0", "deviceuuid": UUID0,
+            (NODE | {"podnamespace": "", "podname": "", "ctrname": "", "vdeviceid": "0", "deviceuuid": UUID0,
               "container_id": CID_B, "root": root_key(MOBY)}, values[CID_B])],
             key=lambda item: sorted(item[0].items()))
         assert sorted((labels["container_id"], v) for labels, v in series(found, new)) == \
@@ -308,7 +313,7 @@ def test_scrape_answers_while_the_driver_hangs(node, serve, sim_env, tmp_path):
         text, took = server.scrape()
         assert took < 1, took
         found = samples(text)
-        gpu0 = {"gpu": "0", "uuid": UUID0, "model": ""}  # the driver never named it
+        gpu0 = NODE | {"gpu": "0", "uuid": UUID0, "model": ""}  # the driver never named it
         assert series(found, "hami_gpu_driver_read") == [(gpu0, 0)]
         assert series(found, "hami_gpu_memory_promised_bytes") == [(gpu0, 3072 * MiB)]
         assert series(found, "hami_gpu_containers") == [(gpu0, 2)]
