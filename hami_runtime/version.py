@@ -32,6 +32,12 @@ def wants_help(inv) -> bool:
     return not inv.argv or (inv.command in ("help", "h") and not inv.positional)
 
 
+def wants_command_help(inv) -> bool:
+    """--help / -h after create, run or delete: runc prints that command's help
+    and does nothing else."""
+    return any(inv.command_flags.get(flag, "false") not in GO_FALSE for flag in ("help", "h"))
+
+
 def help_lines(config_path: str, from_env: bool) -> list:
     """hami-runtime's own lines, printed before runc's help."""
     where = "HAMI_CONFIG names it" if from_env else "HAMI_CONFIG, where set, names another"

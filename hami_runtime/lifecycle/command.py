@@ -13,6 +13,7 @@ import sys
 from .. import argv as argv_mod
 from .. import config
 from ..errors import HamiError, report
+from ..version import wants_command_help
 
 LAUNCHER_ENV = "HAMI_LAUNCHER"  # hami_runtime/launcher/hook.h
 
@@ -32,8 +33,8 @@ def run(argv: list, creator: int, become) -> int:
             (("version" in inv.global_flags or "v" in inv.global_flags) and _print_version(inv))
         cfg = config.load()
         runtime = config.real_runtime(cfg)
-        if shown:
-            pass
+        if shown or wants_command_help(inv):
+            pass  # runc prints what was asked and runs nothing
         elif inv.command in ("create", "run"):
             from .create import prepare
             prepare(cfg, inv, launcher, creator)

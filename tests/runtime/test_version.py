@@ -68,7 +68,8 @@ def test_runtime_help_then_runcs(node, front, args):
 
 
 @pytest.mark.parametrize("front", sorted(FRONTS))
-@pytest.mark.parametrize("args", [["help", "create"], ["help", "list"], ["--help=false", "help", "list"]])
+@pytest.mark.parametrize("args", [["help", "create"], ["help", "list"], ["--help=false", "help", "list"],
+                                  ["create", "--help"], ["run", "-h"], ["delete", "--help"]])
 def test_command_help_is_runcs_alone(node, front, args):
     if front == "launcher" and not LAUNCHER.exists():
         pytest.skip("make build makes the launcher")
