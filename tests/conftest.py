@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,7 @@ HOST_DIR = "/tmp/hami-tests-host"
 HOST_GUARD = f"{HOST_DIR}/guard"
 HOST_LOCK = f"{HOST_DIR}/lock"
 HOST_RECORD = f"{HOST_DIR}/record.json"
+HOST_QUIET = 0.5
 MADE_BY_TESTS = {  # path -> names a test session may leave in it when it existed before
     "/.hami": (),
     "/usr/local/vgpu": (),
@@ -325,7 +327,14 @@ def host_left_as_found(request):
                 record = json.load(handle)
         except (OSError, ValueError):
             pass
+        # a process the last test started (a create server, a container's hook)
+        # may still load the config, and so write the cache, as the session ends:
+        # cleaned until nothing comes back for HOST_QUIET seconds (at most 10 times)
         _clean_made(record)
+        for _ in range(10):
+            time.sleep(HOST_QUIET)
+            if not _clean_made(record):
+                break
         left = _new_entries(record["listing"])
         with contextlib.suppress(OSError):
             os.unlink(HOST_RECORD)
