@@ -180,8 +180,10 @@ MADE_BY_TESTS = {  # path -> names a test session may leave in it when it existe
 WATCHED = ("/", "/usr/local", "/usr/local/lib", "/etc", "/var/cache", "/var/lib", "/run", "/opt")
 # What the session may add there: the engines' own state, made when the
 # engine tests start dockerd, containerd and podman (and their CNI), which
-# live on as any installed engine's would.
+# live on as any installed engine's would; the package manager's, where a
+# test installs what it needs (scripts/install-deps.sh).
 ENGINE_STATE = (
+    "/var/lib/apt", "/var/lib/dpkg", "/var/cache/apt", "/var/cache/debconf", "/var/lib/ucf",
     "/etc/containerd", "/etc/docker", "/etc/containers", "/etc/cni",
     "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers", "/var/lib/cni",
     "/var/cache/containers",
