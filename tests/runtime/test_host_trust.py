@@ -43,12 +43,14 @@ def as_nobody(*paths):
 
 
 @pytest.fixture
-def run_dir():
-    """A dir under /run, as the default state dir's, that every user may walk to."""
+def run_dir(node):
+    """A dir under /run, as the default state dir's, that every user may walk to;
+    removed once the node's containers are gone (their poststop hooks use it)."""
     path = Path(tempfile.mkdtemp(prefix="hami-trust-", dir="/run"))
     path.chmod(0o755)
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    node.cleanup()
+    shutil.rmtree(path)
 
 
 def test_no_host_user_reaches_a_live_containers_files(node, run_dir):
