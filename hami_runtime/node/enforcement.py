@@ -172,6 +172,30 @@ def choose_victims(container: Container, overs: Sequence[Over], memory: Mapping[
     return chosen
 
 
+def _past_grace(over_since: Dict[str, int], reported: List[str], uuid: str, over: bool, now: int,
+                grace_ns: int) -> Optional[int]:
+    """How long (ns) `uuid` has been over, once that is past the grace; else None.
+    Back within bounds, when the episode began and that it was reported are forgotten."""
+    if not over:
+        over_since.pop(uuid, None)
+        if uuid in reported:
+            reported.remove(uuid)
+        return None
+    lasted = now - over_since.setdefault(uuid, now)
+    return lasted if lasted >= grace_ns else None
+
+
+def _report_once(name: str, rec: Record, reported: List[str], overs: Sequence, what: str) -> List:
+    """Policy `log`: one Report per episode, for the GPUs not reported yet."""
+    new = [o for o in overs if o.uuid not in reported]
+    if not new:
+        return []
+    reported.extend(o.uuid for o in new)
+    rec.count("log")
+    rec.last_action = f"log: {what}"
+    return [Report(name, tuple(new))]
+
+
 def _memory(container: Container, rec: Record, driver: Driver, policy: Policy, now: int,
             live: AbstractSet[int]) -> Tuple[List, List[Over]]:
     overs: List[Over] = []
@@ -181,26 +205,15 @@ def _memory(container: Container, rec: Record, driver: Driver, policy: Policy, n
             continue  # not read now: what was known stays
         held = sum(table.get(pid, 0) for pid in live)
         rec.held[s.uuid], rec.excess[s.uuid] = held, max(0, held - s.memory_bytes)
-        if held <= s.memory_bytes:
-            if rec.over_since:
-                rec.over_since.pop(s.uuid, None)
-            if s.uuid in rec.reported:
-                rec.reported.remove(s.uuid)
-            continue
-        since = rec.over_since.setdefault(s.uuid, now)
-        if now - since >= policy.memory_grace_ns:
+        lasted = _past_grace(rec.over_since, rec.reported, s.uuid, held > s.memory_bytes, now,
+                             policy.memory_grace_ns)
+        if lasted is not None:
             holders = sorted(((pid, table[pid]) for pid in live if table.get(pid)), key=lambda h: (-h[1], h[0]))
-            overs.append(Over(s.uuid, held, s.memory_bytes, tuple(holders), now - since))
+            overs.append(Over(s.uuid, held, s.memory_bytes, tuple(holders), lasted))
     if not overs or policy.memory == "off":
         return [], overs
     if policy.memory == "log":
-        new = [o for o in overs if o.uuid not in rec.reported]
-        if not new:
-            return [], overs
-        rec.reported.extend(o.uuid for o in new)
-        rec.count("log")
-        rec.last_action = "log: over its memory slice"
-        return [Report(container.name, tuple(new))], overs
+        return _report_once(container.name, rec, rec.reported, overs, "over its memory slice"), overs
     victims = choose_victims(container, overs, driver.memory, live)
     actions: List = []
     if victims:
@@ -239,24 +252,14 @@ def _sm(container: Container, rec: Record, driver: Driver, policy: Policy, now: 
             pct > 0 for pid, pct in table.items() if pid not in container.pids)
         excess = round(use - s.sm_pct, 1) if held else 0.0
         rec.sm_use[s.uuid], rec.sm_excess[s.uuid] = use, max(0.0, excess)
-        if excess <= policy.sm_tolerance_pct:
-            rec.sm_over_since.pop(s.uuid, None)
-            if s.uuid in rec.sm_reported:
-                rec.sm_reported.remove(s.uuid)
-            continue
-        since = rec.sm_over_since.setdefault(s.uuid, now)
-        if now - since >= policy.sm_grace_ns:
-            overs.append(SmOver(s.uuid, use, s.sm_pct, tuple(users), now - since))
+        lasted = _past_grace(rec.sm_over_since, rec.sm_reported, s.uuid, excess > policy.sm_tolerance_pct,
+                             now, policy.sm_grace_ns)
+        if lasted is not None:
+            overs.append(SmOver(s.uuid, use, s.sm_pct, tuple(users), lasted))
     if not overs or policy.sm == "off":
         return []
     if policy.sm == "log":
-        new = [o for o in overs if o.uuid not in rec.sm_reported]
-        if not new:
-            return []
-        rec.sm_reported.extend(o.uuid for o in new)
-        rec.count("log")
-        rec.last_action = "log: above its SM share"
-        return [Report(container.name, tuple(new))]
+        return _report_once(container.name, rec, rec.sm_reported, overs, "above its SM share")
     duration = min(policy.max_freeze_ns, max(
         int(policy.sm_window_ns * (o.use_pct - o.share_pct) / o.share_pct) for o in overs))
     rec.frozen_until = now + duration
