@@ -14,14 +14,26 @@ Prints one JSON object (its last line): the card as torch sees it, the cache's s
 the replay rate, and the busy fraction (replays x one replay's GPU time, measured with
 CUDA events while nothing else runs, over the wall time). Under a slice the cache is
 sized to the slice, and the busy fraction is the SM share.
+
+Every tensor a captured step reads or writes by address (its static inputs x, slot and
+mask, its output, the cache, the model) is kept for the graphs' life; new inputs are
+copied into the static ones before a replay, as PyTorch's CUDA graph notes prescribe.
+Before the timing, each graph is replayed on fresh inputs and its output compared with
+the same step run eagerly (torch.allclose, a tolerance for the dtype): a mismatch exits
+non-zero. Where kernels do not compute (the simulated driver books their time and runs
+nothing), the check is reported as not applicable.
 """
 import argparse
 import json
 import statistics
+import sys
 import time
 
 MIB = 1 << 20
 BLOCK_TOKENS = 16
+# replay against eager: the same kernels on the same inputs, but cuBLAS may pick another
+# algorithm under capture; a residual stream of a few layers stays well inside these
+TOLERANCE = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2), "float32": (1e-4, 1e-4)}
 
 
 def build(torch, layers: int, hidden: int, heads: int):
@@ -50,6 +62,54 @@ def build(torch, layers: int, hidden: int, heads: int):
             return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
 
     return nn.ModuleList(Layer() for _ in range(layers))
+
+
+def kernels_compute(torch) -> bool:
+    """Whether a kernel's result can be read back here: False on the simulated driver, which
+    books every kernel's time and runs none (its device is "HAMi Simulated GPU"). On any other
+    device a wrong answer is a broken GPU, not a reason to skip the check."""
+    got = (torch.tensor([1.0, 2.0, 3.0], device="cuda") * 3 + 1).cpu().tolist()
+    if got == [4.0, 7.0, 10.0]:
+        return True
+    name = torch.cuda.get_device_name(0)
+    if not name.startswith("HAMi Simulated"):
+        sys.exit(f"decode_probe: 3 * [1, 2, 3] + 1 read back as {got} on {name}")
+    return False
+
+
+def fresh_inputs(torch, static: dict, context: int, generator) -> None:
+    """New inputs for one step, copied into the graph's static tensors (a replay reads those
+    addresses): random hidden states, a random slot and a causal mask up to it."""
+    x, slot, mask = static["x"], static["slot"], static["mask"]
+    x.copy_(torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.device, x.dtype))
+    position = int(torch.randint(1, context, (1,), generator=generator))
+    slot.fill_(position)
+    visible = torch.arange(context) <= position
+    mask.copy_(torch.where(visible, 0.0, float("-inf")).view(mask.shape).to(mask.device, mask.dtype))
+
+
+def check_against_eager(torch, graphs: dict, step, context: int, dtype_name: str, computes: bool) -> dict:
+    """Each graph replayed on fresh inputs, its output against the same step run eagerly, right
+    after it: the batch sizes' cache views overlap (they all start at block 0) and, in the shared
+    pool, a later capture may have put its output where an earlier graph's intermediates were."""
+    rtol, atol = TOLERANCE[dtype_name]
+    generator = torch.Generator().manual_seed(0)
+    diffs = {}
+    for batch, static in sorted(graphs.items()):
+        fresh_inputs(torch, static, context, generator)
+        static["graph"].replay()
+        replayed = static["out"].clone()
+        eager = step(static["x"], static["slot"], static["mask"], batch)
+        torch.cuda.synchronize()
+        diffs[batch] = (float((replayed.float() - eager.float()).abs().max()),
+                        bool(torch.allclose(replayed, eager, rtol=rtol, atol=atol)))
+    if not computes:                             # the replays and eager steps ran; their numbers mean nothing
+        return {"status": "not applicable: kernels do not compute on this device (simulated)"}
+    result = {"rtol": rtol, "atol": atol, "max_abs_diff": {b: d for b, (d, _) in diffs.items()}}
+    bad = [b for b, (_, ok) in diffs.items() if not ok]
+    if bad:
+        sys.exit(f"decode_probe: replay differs from eager at batch sizes {bad}: {result}")
+    return {**result, "status": "passed"}
 
 
 def main() -> None:
@@ -90,8 +150,12 @@ def main() -> None:
     blocks = budget // block_bytes
     if blocks < sizes[-1] * blocks_per_seq:
         raise SystemExit(f"no room for the KV cache: {budget // MIB} MiB left for it")
-    # a block holds BLOCK_TOKENS tokens' keys and values of every layer (never read before written)
+    # a block holds BLOCK_TOKENS tokens' keys and values of every layer
     cache = torch.empty(blocks, BLOCK_TOKENS, args.layers, 2, args.hidden, dtype=dtype, device="cuda")
+    # attention reads every position of a sequence's blocks, masked ones too (times a zero
+    # weight, and NaN x 0 is NaN): the blocks the graphs use hold numbers, not what was there
+    cache[: sizes[-1] * blocks_per_seq].normal_()
+    computes = kernels_compute(torch)
 
     def step(x, slot, mask, batch):
         # sequence b owns blocks [b * blocks_per_seq, (b + 1) * blocks_per_seq); views, never copies
@@ -102,21 +166,28 @@ def main() -> None:
             x = layer(x, keys, values, slot, mask)
         return x
 
+    # graphs[batch]: the graph and every tensor it reads or writes by address, held as long as
+    # the graph (a freed input's memory goes to the next allocation, which the replay then reads)
     graphs, pool = {}, torch.cuda.graph_pool_handle()
     started = time.perf_counter()
     with torch.inference_mode():
         for batch in reversed(sizes):            # largest first, as vLLM captures
-            x = torch.zeros(batch, args.hidden, dtype=dtype, device="cuda")
-            slot = torch.zeros(1, dtype=torch.long, device="cuda")
-            mask = torch.zeros(1, 1, 1, args.context, dtype=dtype, device="cuda")
-            step(x, slot, mask, batch)           # warm-up outside the capture
+            static = {"x": torch.zeros(batch, args.hidden, dtype=dtype, device="cuda"),
+                      "slot": torch.zeros(1, dtype=torch.long, device="cuda"),
+                      "mask": torch.zeros(1, 1, 1, args.context, dtype=dtype, device="cuda")}
+            side = torch.cuda.Stream()           # warm-up on a side stream, as PyTorch asks
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step(static["x"], static["slot"], static["mask"], batch)
+            torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = step(x, slot, mask, batch)
-            graphs[batch] = (graph, x, out)
-    torch.cuda.synchronize()
-    capture_s = time.perf_counter() - started
+                static["out"] = step(static["x"], static["slot"], static["mask"], batch)
+            graphs[batch] = {"graph": graph, **static}
+        torch.cuda.synchronize()
+        capture_s = time.perf_counter() - started
+        eager_check = check_against_eager(torch, graphs, step, args.context, args.dtype, computes)
 
     # one replay's GPU time, alone: each after a pause, so that no wait for an SM share
     # (a limiter refills while nothing runs) falls between its events
@@ -126,7 +197,7 @@ def main() -> None:
         for batch in sizes:
             time.sleep(0.2)
             begin.record()
-            graphs[batch][0].replay()
+            graphs[batch]["graph"].replay()
             end.record()
             end.synchronize()
             replay_ms.append(begin.elapsed_time(end))
@@ -134,8 +205,8 @@ def main() -> None:
 
     replays, started = 0, time.perf_counter()
     while time.perf_counter() - started < args.seconds:
-        for batch in sizes:
-            graphs[batch][0].replay()
+        for batch in sizes:                     # the inputs stay as the check left them
+            graphs[batch]["graph"].replay()
             replays += 1
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
@@ -144,7 +215,7 @@ def main() -> None:
         "kv_blocks": blocks, "graphs": len(graphs), "capture_s": capture_s, "replay_gpu_ms": graph_ms,
         "replays": replays, "replays_per_s": replays / elapsed,
         "busy_percent": 100 * replays * graph_ms / 1000 / elapsed,
-        "tokens_per_s": replays * statistics.mean(sizes) / elapsed,
+        "tokens_per_s": replays * statistics.mean(sizes) / elapsed, "eager_check": eager_check,
     }))
 
 

@@ -135,3 +135,26 @@ def test_torch_probe_captures_and_replays_a_graph_under_a_limit_on_the_simulated
     assert got["replay_max_abs_diff"] < 0.05 and got["replays_mean"] > 0, got
     assert got["oversize_refusal"]["error"] == "OutOfMemoryError", got
     assert got["capture_after_refusal_ok"] and got["replay_after_refusal_max_abs_diff"] < 0.05, got
+
+
+def test_gpu_check_runs_the_decode_loop_and_a_compiled_model_on_the_simulated_driver(tmp_path):
+    """bench/gpu/run.py's decode and compiled sections, as `make gpu-check` runs them, on the
+    simulated driver (its nvidia-smi on PATH): decode_probe.py bare, in a 4096 MiB slice and at
+    30 % `force`; torch.compile(mode="reduce-overhead") native and at 30 %. No kernel computes
+    here, so each check against eager says it is not applicable rather than passing."""
+    python = ROOT / "build" / "torch" / "venv" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no build/torch/venv: make torch")
+    (tmp_path / "sim.conf").write_text("devices = 1\nmemory_mib = 16384\ncuda_version = 13000\nkernel_us = 100\n")
+    env = {"PATH": f"{SIM_LIB.parent / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LD_LIBRARY_PATH": str(SIM_LIB),
+           "HAMI_SIM_CONFIG": str(tmp_path / "sim.conf"), "HAMI_SIM_STATE": str(tmp_path / "gpu.state")}
+    out = subprocess.run([str(python), str(ROOT / "bench/gpu/run.py"), "--only", "decode,compiled", "--seconds", "1",
+                          "--json", str(tmp_path / "bench.json")], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    decode, compiled = json.loads((tmp_path / "bench.json").read_text())["sections"]
+    assert [row[1] for row in decode["rows"]] == ["16384", "4096", "4096"], decode
+    assert all(row[-1].startswith("not applicable") for row in decode["rows"] + compiled["rows"]), (decode, compiled)
+    # the share: wide bounds, the machine may be loaded
+    assert float(decode["rows"][2][-2].split()[0]) < 60 and float(compiled["rows"][1][3].split()[0]) < 60, \
+        (decode, compiled)

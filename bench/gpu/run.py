@@ -1,5 +1,6 @@
 """libvgpu on a real NVIDIA GPU: memory limit, SM share as GPU time, policies, CUDA graphs,
-overhead, init, spill cost.
+an LLM decode loop of CUDA graphs (bench/decode_probe.py), a torch.compile(mode="reduce-overhead")
+model, overhead, init, spill cost.
 
 Needs an NVIDIA driver, PyTorch (run it with the Python whose torch sees the GPU) and
 `make build` (build/libvgpu.so). Runs bench/gpu/driver_probe.py and bench/gpu/torch_probe.py in
@@ -32,6 +33,7 @@ import report  # noqa: E402
 
 LIMIT_MIB = 4096
 SPILL_MIB = 4096
+DECODE_PROBE = gpu_env.ROOT / "bench" / "decode_probe.py"
 FORCE = {"GPU_CORE_UTILIZATION_POLICY": "force"}
 
 
@@ -207,6 +209,53 @@ def graph_rows(seconds):
                     f"captured {2 * LIMIT_MIB} MiB allocation"], rows)
 
 
+def decode_rows(seconds):
+    """bench/decode_probe.py (a decoder captured as CUDA graphs for four batch sizes, its KV cache
+    sized from mem_get_info as vLLM does, each replay checked against eager) bare, in a slice
+    with no SM limit and in the slice at 30 % `force`."""
+    mem = {"CUDA_DEVICE_MEMORY_LIMIT_0": f"{LIMIT_MIB}m"}
+    cases = [("bare (no libvgpu)", {}), (f"{LIMIT_MIB} MiB slice, no SM limit", limited(**mem)),
+             (f"{LIMIT_MIB} MiB slice, 30 %, `force`", limited(**mem, CUDA_DEVICE_SM_LIMIT=30, **FORCE))]
+    rows, bare = [], None
+    for label, env in cases:
+        got = _run([sys.executable, str(DECODE_PROBE), "--seconds", str(seconds)], env, 180)
+        bare = bare or got["replays_per_s"]
+        check = got["eager_check"]
+        diff = max(check["max_abs_diff"].values()) if "max_abs_diff" in check else None
+        rows.append([label, f"{got['total_mib']:.0f}", f"{got['kv_cache_mib']:.0f}", f"{got['capture_s']:.2f}",
+                     f"{got['replay_gpu_ms']:.3f}", f1(got["replays_per_s"]), f1(got["busy_percent"]),
+                     f"{100 * got['replays_per_s'] / bare:.1f} %",
+                     check["status"] + ("" if diff is None else f" (max abs diff {diff:.2g})")])
+    return section(f"LLM decode loop (bench/decode_probe.py): 4 batch sizes captured as CUDA graphs, float16, "
+                   f"{seconds} s of replays",
+                   ["case", "card seen MiB", "KV cache MiB", "capture s", "replay GPU ms", "replays/s", "GPU busy %",
+                    "rate vs bare", "replay vs eager"], rows,
+                   "GPU busy % = replays x one replay's GPU time (CUDA events, alone) over the wall time. Each "
+                   "graph is replayed on fresh inputs and compared with the step run eagerly (torch.allclose); "
+                   "a mismatch fails the section.")
+
+
+def _checked(got) -> str:
+    return got["eager_check"] + (f" (max abs diff {got['max_abs_diff']:.2g})" if "max_abs_diff" in got else "")
+
+
+def compiled_rows(seconds):
+    """torch.compile(mode="reduce-overhead") of 6 fp16 Linear+GELU 4096 layers, batch 64: native, and
+    at 30 % `force` with the kernels' GPU time by the profiler (the share)."""
+    base = ["compiled", "--seconds", seconds]
+    native = probe(base, timeout=300)
+    held = probe(base + ["--profile"], limited(CUDA_DEVICE_SM_LIMIT=30, **FORCE), timeout=300)
+    rows = [["native (no libvgpu)", f1(native["compile_s"]), f1(native["calls_mean"]), "-", "-", _checked(native)],
+            ["30 %, `force`", f1(held["compile_s"]), f1(held["calls_mean"]),
+             f"{100 * held['calls_mean'] / native['calls_mean']:.1f} % of native",
+             f"{f1(held['busy_pct'])} (kernel {f1(held['kernel_us_median'])} µs)", _checked(held)]]
+    return section(f'torch.compile(mode="reduce-overhead"): 6 fp16 Linear+GELU 4096 layers, batch 64, {seconds} s',
+                   ["case", "compile s (first 3 calls)", "calls/s", "rate", "GPU time % (profiler)",
+                    "output vs eager"], rows,
+                   "Inductor's kernels replayed as CUDA graph trees; the share libvgpu holds is the GPU-time "
+                   "column. An output off eager (torch.allclose, 1 % of the output's scale) fails the probe.")
+
+
 def init_rows(_seconds):
     driver, steps = {"native": [], "libvgpu": []}, {"native": [], "libvgpu": []}
     for _ in range(9):
@@ -270,15 +319,17 @@ def _commit():
 
 
 SECTIONS = {"memory": (memory_rows, 40), "sm": (sm_time_rows, None), "policy": (policy_rows, None),
-            "matmul": (matmul_rows, None), "graph": (graph_rows, None), "init": (init_rows, 60),
-            "spill": (spill_rows, 60)}
+            "matmul": (matmul_rows, None), "graph": (graph_rows, None), "decode": (decode_rows, None),
+            "compiled": (compiled_rows, None), "init": (init_rows, 60), "spill": (spill_rows, 60)}
 
 
 def estimate(name, seconds):
     """Seconds a section takes, roughly (to skip what no longer fits the budget)."""
     fixed = SECTIONS[name][1]
+    # decode: import, a 0.9-of-the-card cache, capture, the check, 12 timed replays; compiled: ~9 s
+    # of compile (the H200, 2026-11-27) and the profiler's trace
     per_run = {"sm": 12 * (seconds + 1), "policy": 3 * seconds + 12, "matmul": 4 * (seconds + 5),
-               "graph": 3 * (seconds + 8)}
+               "graph": 3 * (seconds + 8), "decode": 3 * (seconds + 10), "compiled": 2 * (seconds + 20)}
     return fixed if fixed is not None else per_run[name]
 
 

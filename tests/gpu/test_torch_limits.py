@@ -129,8 +129,10 @@ def test_spilled_memory_costs_and_never_outgrows_the_free_card(figures):
     left full while managed memory pages in can stall a shared GPU). What it costs: the first
     pass (pages migrate to the card) and the steady passes, against a device-memory tensor."""
     mib = 4096
+    # bounded within make gpu-check's slot for this test (bench/gpu/check.py: SPILL_SLOT_S), so
+    # that a stalled migration fails it with its reason rather than the slot being killed
     got = run_probe(["spill", "--mib", mib, "--passes", 5, "--fill"], CUDA_OVERSUBSCRIBE="true",
-                    CUDA_DEVICE_MEMORY_LIMIT_0=f"{2 * card_mib()}m", timeout=600)
+                    CUDA_DEVICE_MEMORY_LIMIT_0=f"{2 * card_mib()}m", timeout=90)
     figures.update(got)
     assert not got["filler_spilled"] and got["managed"] and not got["device_managed"], got
     assert got["card_free_when_filled_mib"] < mib, got               # the tensor could not fit: it spilled
