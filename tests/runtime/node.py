@@ -83,14 +83,15 @@ def _special_files(directory, names):
 class Node:
     """One test's node: config, state dir, runc root, bundles, commands."""
 
-    def __init__(self, tmp, rootfs, template, sim_root):
+    def __init__(self, tmp, rootfs, template, sim_root, pid_service=True):
         self.tmp = tmp
         self.sim_root = sim_root
         self.sim_state = tmp / "simstate"  # the simulator's cross-process state, this test's own
         self.sim_state.mkdir()
         self.sim_state.chmod(0o1777)
         # containers' processes learn their host pids from it, as a real driver knows them
-        self.pids = PidService(self.sim_state)
+        # (without it, host readers find them in /proc: tests/simgpu/sim_pids.c)
+        self.pids = PidService(self.sim_state) if pid_service else None
         self.rootfs = rootfs
         self.template = template
         self.state_dir = tmp / "state"
@@ -219,7 +220,8 @@ class Node:
         for cid in self.containers():
             subprocess.run([RUNC, "--root", str(self.runc_root), "delete", "-f", cid],
                            capture_output=True, timeout=TIMEOUT)
-        self.pids.stop()
+        if self.pids:
+            self.pids.stop()
         # a create server the launcher started ends within a second of its socket's removal
         (self.state_dir / "server" / "socket").unlink(missing_ok=True)
 

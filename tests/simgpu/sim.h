@@ -83,7 +83,8 @@ struct sim_proc_slot {
     uint64_t start_time;                 /* /proc/<pid>/stat field 22 */
     uint64_t pidns;                      /* inode of /proc/<pid>/ns/pid */
     uint32_t host_pid;                   /* the pid NVML reports: in the host's pid namespace */
-    uint32_t host_pid_known;             /* 1: host_pid is the host's (own namespace, or the pid service) */
+    uint32_t host_pid_known;             /* 1: host_pid is the host's (own namespace, or the pid service);
+                                          * 2: found by a reader in the host's namespace (sim_pids.h) */
     _Atomic uint64_t heartbeat_ns;
     _Atomic uint64_t verified_ns;        /* when a process of its namespace last read its /proc entry */
     _Atomic uint64_t used[SIM_MAX_DEVICES];       /* bytes of device memory */

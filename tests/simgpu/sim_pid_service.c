@@ -4,8 +4,11 @@
  * A real driver names every process by its pid in the host's pid namespace (the
  * kernel module sees the global pid), also for processes in containers, which
  * cannot see that pid themselves. The simulated driver is a library in each
- * process, so a process in another pid namespace asks this service, run on the
- * host beside the simulator's state file: it listens on SOCKET (a unix socket in
+ * process, so a process in another pid namespace may ask this service, run on the
+ * host beside the simulator's state file (optional: without it, readers in the host's
+ * namespace find that pid in /proc, sim_pids.c, and the process's own namespace names
+ * it by its own pid; with it, it is named by its host pid everywhere, as on a real
+ * driver): it listens on SOCKET (a unix socket in
  * the state file's directory, which containers share), and answers each
  * connection with the peer's pid as the kernel translates it into the service's
  * own pid namespace (SO_PEERCRED), as one decimal line. Nothing is read from the

@@ -21,10 +21,12 @@
  * - Pids: what NVML reports is each process's pid in the host's pid namespace, as a
  *   real driver's (the kernel's) view is. A process in that namespace knows it; one
  *   in another asks the pid service beside the state file (sim_pid_service.c),
- *   which gets it from the kernel; with no service it is reported by its own pid
- *   as its namespace sees it.
+ *   which gets it from the kernel; with no service it knows only its own pid as its
+ *   namespace sees it, and readers in the host's namespace find its host pid in
+ *   /proc (sim_pids.c).
  */
 #include "sim.h"
+#include "sim_pids.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -608,6 +610,7 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
     unsigned n = 0;
     int card = sim_card(dev);
     sweep(s, 0);
+    sim_pids_resolve(s);
     state_lock(s);
     for (int i = 0; i < (int)s->slot_hwm; i++) {
         struct sim_proc_slot *p = &s->procs[i];
@@ -615,15 +618,16 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
         if (!p->live || (used == 0 && atomic_load(&p->contexts[card]) == 0))
             continue;
         /* one process, one entry: a second copy of the driver in it (dlmopen) has a slot of its own */
+        uint32_t pid = sim_pid_shown(s, i);
         unsigned k = 0;
-        while (k < n && k < max && out[k].pid != p->host_pid)
+        while (k < n && k < max && out[k].pid != pid)
             k++;
         if (k < n && k < max) {
             out[k].used += used;
             continue;
         }
         if (n < max)
-            out[n] = (struct sim_proc_usage){p->host_pid, used};
+            out[n] = (struct sim_proc_usage){pid, used};
         n++;
     }
     state_unlock(s);
@@ -659,6 +663,7 @@ static void each_interval(int dev, uint64_t from, uint64_t to,
     if (!s)
         return;
     struct sim_device_state *d = &s->dev[sim_card(dev)];
+    sim_pids_resolve(s);
     uint64_t head = atomic_load(&d->ring_head);
     uint64_t n = head < SIM_RING ? head : SIM_RING;
     unsigned older = 0;
@@ -673,8 +678,10 @@ static void each_interval(int dev, uint64_t from, uint64_t to,
             break;
         uint64_t a = copy.start_ns > from ? copy.start_ns : from;
         uint64_t b = copy.end_ns < to ? copy.end_ns : to;
-        if (b > a)
+        if (b > a) {
+            copy.pid = sim_interval_pid(s, copy.pid, copy.slot);
             fn(&copy, a, b, arg);
+        }
     }
 }
 

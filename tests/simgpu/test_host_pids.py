@@ -1,7 +1,8 @@
 """NVML names processes by their pid in the host's pid namespace, as a real driver
 does, also those in a pid namespace of their own (a container), which learn it from
-the pid service beside the state file; without the service they are named by their
-own pid, as their namespace sees it."""
+the pid service beside the state file. Without the service a reader in the host's
+namespace finds that pid in /proc itself (sim_pids.c); the process and its own
+namespace go on naming it by its own pid."""
 import contextlib
 import json
 import subprocess
@@ -55,4 +56,4 @@ def test_a_process_in_another_pid_namespace_is_named_as_the_host_names_it(tmp_pa
     named = on_host if service else inside["own"]
     assert inside["own"] != on_host  # its namespace numbers it apart
     assert inside["listed"] == inside["sampled"] == [named]
-    assert host["listed"] == host["sampled"] == [named]
+    assert host["listed"] == host["sampled"] == [on_host]
