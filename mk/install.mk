@@ -14,10 +14,16 @@ DEB_MAINTAINER ?= hami-runtime maintainers <root@localhost>
 INSTALL_ARGS = --prefix '$(PREFIX)' --destdir '$(DESTDIR)' --sysconfdir '$(SYSCONFDIR)'
 LAUNCHER_BUILD = --launcher-cc '$(LAUNCHER_CC) $(LAUNCHER_SRC)' --build '$(BUILD)'
 
-install: build
+# SIM=1: wired to the simulated GPU that make sim builds, for a machine with no
+# NVIDIA driver (packaging/install_sim.py: a copy of it under $(PREFIX)/lib/hami/sim
+# and a config naming it; hamictl doctor passes). make uninstall removes it too.
+SIM ?=
+install: build $(if $(SIM),sim)
 	$(PY) packaging/install.py install $(INSTALL_ARGS) --python '$(PYTHON)' $(LAUNCHER_BUILD)
+	$(if $(SIM),$(PY) packaging/install_sim.py install $(INSTALL_ARGS) --build '$(BUILD)')
 
 uninstall:
+	python3 packaging/install_sim.py uninstall $(INSTALL_ARGS)
 	python3 packaging/install.py uninstall $(INSTALL_ARGS)
 
 deb: build
