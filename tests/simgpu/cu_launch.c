@@ -337,6 +337,7 @@ static CUresult launch(const struct launch *l)
                                   .block = {l->block[0], l->block[1], l->block[2]}};
         return sim_capture_add(s, &d);
     }
+    sim_spin_us(sim_config()->launch_us);  /* the driver's own work in the call */
     sim_stream_enqueue_kernel(s, dur_us);
     return CUDA_SUCCESS;
 }

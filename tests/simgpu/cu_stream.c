@@ -1,7 +1,19 @@
 /* Driver API: streams, events and stream capture. Each stream has a worker thread that
- * runs its operations in order; a kernel books its duration on the device timeline shared
- * by all processes and the worker sleeps until it ends. The legacy and the per-thread
- * default stream are one stream per context here.
+ * runs its operations in order; the legacy and the per-thread default stream are one stream
+ * per context here.
+ *
+ * Timing follows a GPU's, not the worker's: each stream has a GPU timeline (gpu_ns), the time
+ * its last operation is done on the device. An operation reaches the device when its call
+ * returns (a kernel `dispatch_us` later: the front end's work before its first block runs) and
+ * starts there once the stream's earlier work is done; a kernel then books its duration on the
+ * device timeline shared by every process, a time slice (`timeslice_us`) at a time (two
+ * contexts' kernels never overlap: the device time-slices between them), and an event takes
+ * the time its stream's timeline reached. Not modelled: an event record waiting for its
+ * context's time slice (here it is reached while another context's kernel runs). So an
+ * event recorded on an idle stream reads the moment it was recorded, one recorded behind a
+ * kernel reads the kernel's end, and the worker's own wake-ups (late by what the OS allows)
+ * are in no measurement; the worker sleeps until a kernel's end only so that queries and
+ * synchronisations see it done when a GPU would.
  *
  * Capture follows the driver's documented rules (cuda.h, the programming guide's "Stream
  * Capture", "Prohibited and Unhandled Operations" and "Invalidation"): while a stream
@@ -16,6 +28,7 @@
 #include "sim.h"
 
 #include <errno.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,6 +38,7 @@ enum op_type { OP_KERNEL, OP_CALL };
 struct sim_op {
     enum op_type type;
     uint64_t dur_us;
+    uint64_t submit_ns;                   /* when its call queued it */
     void (*fn)(void *);
     void *arg;
     struct sim_op *next;
@@ -39,6 +53,7 @@ struct sim_stream {
     pthread_cond_t cv;
     struct sim_op *head, *tail;
     uint64_t enqueued, completed;
+    uint64_t gpu_ns;                      /* the stream's GPU timeline; the worker's alone */
     int has_worker, stop;
     pthread_t worker;
     struct sim_stream *next;              /* all streams of the process */
@@ -76,9 +91,48 @@ static void sleep_until(uint64_t t_ns)
         ;
 }
 
+/* The operation a worker runs now, for the calls that read or move its stream's timeline. */
+static __thread struct sim_stream *running_stream;
+static __thread uint64_t running_submit_ns;
+
+uint64_t sim_stream_gpu_time(void)
+{
+    struct sim_stream *s = running_stream;
+    if (!s)
+        return sim_now_ns();
+    return s->gpu_ns > running_submit_ns ? s->gpu_ns : running_submit_ns;
+}
+
+void sim_stream_gpu_reach(uint64_t t_ns)
+{
+    struct sim_stream *s = running_stream;
+    if (s && t_ns > s->gpu_ns)
+        s->gpu_ns = t_ns;
+}
+
+/* A kernel runs in time slices: each is booked when the one before it ends, so another
+ * context's work that became ready meanwhile runs between them, as a GPU time-slices
+ * between contexts; the kernel's end (and its events) moves by what ran between. */
+static void run_kernel(struct sim_stream *s, const struct sim_op *op)
+{
+    uint64_t left = op->dur_us * 1000ULL, slice = sim_config()->timeslice_us * 1000ULL;
+    uint64_t ready = op->submit_ns + sim_config()->dispatch_us * 1000ULL;
+    if (ready < s->gpu_ns)
+        ready = s->gpu_ns;
+    do {
+        uint64_t part = slice && left > slice ? slice : left;
+        ready = sim_book_kernel(s->ctx->dev, ready, part) + part;
+        left -= part;
+        if (ready > sim_now_ns())
+            sleep_until(ready);
+    } while (left);
+    s->gpu_ns = ready;
+}
+
 static void *worker(void *arg)
 {
     struct sim_stream *s = arg;
+    prctl(PR_SET_TIMERSLACK, 1UL);        /* wake at a kernel's end, not up to 50 us later */
     pthread_mutex_lock(&s->m);
     for (;;) {
         while (!s->head && !s->stop)
@@ -88,12 +142,13 @@ static void *worker(void *arg)
         struct sim_op *op = s->head;
         pthread_mutex_unlock(&s->m);
         if (op->type == OP_KERNEL) {
-            uint64_t dur_ns = op->dur_us * 1000ULL;
-            uint64_t end = sim_book_kernel(s->ctx->dev, dur_ns) + dur_ns;
-            if (end > sim_now_ns())
-                sleep_until(end);
+            run_kernel(s, op);
         } else {
+            running_stream = s;
+            running_submit_ns = op->submit_ns;
             op->fn(op->arg);
+            sim_stream_gpu_reach(op->submit_ns);
+            running_stream = NULL;
         }
         pthread_mutex_lock(&s->m);
         s->head = op->next;
@@ -185,6 +240,7 @@ static void enqueue(struct sim_stream *s, struct sim_op *op)
         s->head = op;
     s->tail = op;
     s->enqueued++;
+    op->submit_ns = sim_now_ns();
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->m);
 }
@@ -585,8 +641,9 @@ static struct sim_record *latest_record_locked(struct sim_event *ev)
 static void event_reached(void *arg)
 {
     struct sim_record *r = arg;
+    uint64_t t = sim_stream_gpu_time();
     pthread_mutex_lock(&events_lock);
-    r->time_ns = sim_now_ns();
+    r->time_ns = t;
     r->done = 1;
     record_unref_locked(r);
     pthread_cond_broadcast(&events_cv);
@@ -599,8 +656,10 @@ static void wait_record(void *arg)
     pthread_mutex_lock(&events_lock);
     while (!r->done)
         pthread_cond_wait(&events_cv, &events_lock);
+    uint64_t reached = r->time_ns;
     record_unref_locked(r);
     pthread_mutex_unlock(&events_lock);
+    sim_stream_gpu_reach(reached);        /* the stream's later work starts after the record's */
 }
 
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
@@ -897,6 +956,7 @@ static void run_host_call(void *arg)
     else
         c->fn(c->user);
     free(c);
+    sim_stream_gpu_reach(sim_now_ns());   /* the stream waited for the host */
 }
 
 static CUresult enqueue_host_call(CUstream hStream, CUstreamCallback callback, CUhostFn fn, void *user)

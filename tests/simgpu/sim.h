@@ -21,9 +21,9 @@
 #define SIM_MAX_MIG 32                   /* MIG instances on the whole machine */
 #define SIM_MIG_PER_CARD 7               /* as on an A100/H100: at most seven */
 #define SIM_MAX_PROCS 1024
-#define SIM_RING 32768                   /* kernel intervals remembered per device */
+#define SIM_RING 262144                  /* kernel intervals remembered per device: 2.6 s of 10 us kernels */
 #define SIM_STATE_MAGIC 0x3154535f4d495348ULL
-#define SIM_STATE_VERSION 5
+#define SIM_STATE_VERSION 6
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
 #define SIM_SM_VERSION 90                /* every simulated card is compute capability 9.0 */
@@ -53,6 +53,9 @@ struct sim_config {
     int cuda_version;
     int stale_seconds;                   /* another pid namespace's process: dead after this long without a heartbeat */
     uint64_t kernel_us;                  /* the run time of a kernel of a real image (no duration parameter) */
+    uint64_t launch_us;                  /* CPU time a launch call takes before it returns */
+    uint64_t dispatch_us;                /* from a launch's return to its kernel running on an idle stream */
+    uint64_t timeslice_us;               /* how long a context's kernel runs before another context's may */
     uint64_t context_us;                 /* how long making a context takes (its memory is taken first) */
     uint64_t nvml_memory_info_us;        /* how long nvmlDeviceGetMemoryInfo takes (a slow or hung driver) */
     int self_calls;                      /* 1: entry points call each other through their exported names */
@@ -119,6 +122,7 @@ struct sim_state {
 /* Maps the state file (HAMI_SIM_STATE); NULL after one stderr line on failure. */
 struct sim_state *sim_state(void);
 uint64_t sim_now_ns(void);              /* CLOCK_MONOTONIC */
+void sim_spin_us(uint64_t us);          /* keeps the CPU busy that long, as a driver's call does */
 /* Charge `bytes` of device memory to this process; 0, or -1 when the device is full. */
 int sim_charge(int dev, uint64_t bytes);
 void sim_uncharge(int dev, uint64_t bytes);
@@ -134,8 +138,8 @@ struct sim_proc_usage { uint32_t pid; uint64_t used; };
  * two copies of the driver in one process, a dlmopen'd one, summed); returns how many there are
  * (may exceed max). */
 unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max);
-/* Books `dur_ns` on the device timeline (start = max(now, busy_until)); returns start. */
-uint64_t sim_book_kernel(int dev, uint64_t dur_ns);
+/* Books `dur_ns` on the device timeline (start = max(ready_ns, busy_until)); returns start. */
+uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns);
 /* Busy nanoseconds of the device (pid 0: all processes) within [from, to]. */
 uint64_t sim_busy_ns(int dev, uint32_t pid, uint64_t from, uint64_t to);
 /* pids that ran kernels on dev within [from, to]; returns how many (up to max), last end each. */
@@ -254,6 +258,10 @@ void sim_ctx_streams_destroy(struct sim_ctx *ctx);
 struct sim_ctx *sim_stream_ctx(struct sim_stream *s);
 /* Queues a kernel of `dur_us` microseconds; fn (may be NULL) runs on the worker in order. */
 void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us);
+/* In an operation a stream's worker runs: when the stream's GPU timeline starts it; and
+ * that the operation kept the stream busy until t_ns (a wait, a host function). */
+uint64_t sim_stream_gpu_time(void);
+void sim_stream_gpu_reach(uint64_t t_ns);
 void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg);
 /* Whether the stream is being destroyed (an operation that waits on memory gives up then). */
 int sim_stream_stopping(struct sim_stream *s);

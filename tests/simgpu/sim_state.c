@@ -16,8 +16,9 @@
  *   pid service answered) by that pid, as a real driver sees the process go: gone, a
  *   zombie, or a process of another namespace or pid there is the slot's end.
  * - Kernels: a device's timeline is its busy_until time; a kernel is booked by CAS
- *   (start = max(now, busy_until)), so no two kernels overlap on one device, across
- *   processes. Booked intervals go to a ring that utilisation is computed from.
+ *   (start = max(ready, busy_until), ready: when its stream would start it), so no
+ *   two kernels overlap on one device, across processes. Booked intervals go to a
+ *   ring that utilisation is computed from.
  * - Pids: what NVML reports is each process's pid in the host's pid namespace, as a
  *   real driver's (the kernel's) view is. A process in that namespace knows it; one
  *   in another asks the pid service beside the state file (sim_pid_service.c),
@@ -61,6 +62,13 @@ uint64_t sim_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+void sim_spin_us(uint64_t us)
+{
+    uint64_t until = sim_now_ns() + us * 1000ULL;
+    while (sim_now_ns() < until)
+        ;
 }
 
 /* The start of a /proc file, NUL-terminated, in one read; -1 when it cannot be read. */
@@ -634,15 +642,15 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
     return n;
 }
 
-uint64_t sim_book_kernel(int dev, uint64_t dur_ns)
+uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns)
 {
     struct sim_state *s = sim_state();
     if (!s)
-        return sim_now_ns();
+        return ready_ns;
     struct sim_device_state *d = &s->dev[sim_card(dev)];
-    uint64_t now = sim_now_ns(), cur = atomic_load(&d->busy_until_ns), start;
+    uint64_t cur = atomic_load(&d->busy_until_ns), start;
     do {
-        start = cur > now ? cur : now;
+        start = cur > ready_ns ? cur : ready_ns;
     } while (!atomic_compare_exchange_weak(&d->busy_until_ns, &cur, start + dur_ns));
     uint64_t pos = atomic_fetch_add(&d->ring_head, 1);
     struct sim_interval *e = &d->ring[pos % SIM_RING];

@@ -1,7 +1,13 @@
 """Simulated kernel time: streams run in order, devices run one kernel at a time across
-processes, events time the stream, NVML utilisation comes from the busy time."""
+processes, events time the stream, NVML utilisation comes from the busy time.
+
+Times are a GPU's, not the stream thread's: events read the stream's GPU timeline, a
+kernel starts `dispatch_us` after its launch call returned (the call itself takes
+`launch_us` of CPU), and two contexts' long kernels time-slice (`timeslice_us`)."""
 import json
 import time
+
+import pytest
 
 
 def test_launch_is_asynchronous_and_the_stream_runs_in_order(run_py):
@@ -129,6 +135,71 @@ def test_utilisation_comes_from_busy_time(spawn_py, run_py):
     assert len(samples) == 1 and 15 <= samples[0][1] <= 40
     assert age < 0.5
     assert later == "Not Found"
+
+
+TIMING = """
+    import json
+    c = Cuda(); c.init(0)
+    s = c.stream()
+    ev = [c.event() for _ in range(6)]
+    c.kernel(1000, s); c.sync(s)                     # the stream's thread started, the module loaded
+    c.call("cuEventRecord", ev[0], s)                # an idle stream: read at once
+    c.kernel({us}, s)
+    c.call("cuEventRecord", ev[1], s)
+    c.sync(s)
+    t0 = time.monotonic()
+    c.kernel(20_000, s)                              # the next ones queue behind it
+    c.call("cuEventRecord", ev[2], s)
+    for _ in range(4):                               # each starts where the last one ended
+        c.kernel({us}, s)
+    c.call("cuEventRecord", ev[3], s)
+    c.sync(s)
+    synced = time.monotonic() - t0
+    time.sleep(0.01)                                 # the GPU idles: nothing of it is timed
+    c.call("cuEventRecord", ev[4], s)
+    c.kernel({us}, s)
+    c.call("cuEventRecord", ev[5], s)
+    c.sync(s)
+    print(json.dumps([c.elapsed_ms(ev[0], ev[1]) * 1000, c.elapsed_ms(ev[2], ev[3]) * 1000, synced,
+                      c.elapsed_ms(ev[4], ev[5]) * 1000]))
+"""
+
+
+@pytest.mark.parametrize("us", [10, 20, 50, 1000])
+def test_events_read_the_gpu_timeline_not_the_stream_thread(run_py, us):
+    """A kernel of N us occupies N us of its stream's timeline: events around queued kernels
+    read exactly their time; around one launched on an idle stream, its time plus the launch's
+    gap (the call's CPU time and dispatch: 3 + 2 us by default, and this script's own call); a
+    synchronise returns once the timeline is done, late only by the OS's wake-up."""
+    one, four, synced, again = json.loads(run_py(TIMING.format(us=us)))
+    assert us + 5 <= one <= us + 500, one         # the gap: > the modelled 5 us, < a busy machine's
+    assert abs(four - 4 * us) < 1, four            # back to back, whatever the thread's wake-ups
+    assert 0.02 + 4 * us / 1e6 <= synced < 0.02 + 4 * us / 1e6 + 0.05, synced
+    assert us + 5 <= again <= us + 500, again
+
+
+def test_two_contexts_time_slice_a_long_kernel(spawn_py, run_py, sim_env, tmp_path):
+    """Contexts share the GPU by time slices: a 6 ms kernel of one process, with another's 6 ms
+    kernel ready 1 ms later, runs one slice (2 ms), yields a slice to the other, and so on
+    (A 0-2, B 2-4, A 4-6, B 6-8, A 8-10, B 10-12 ms): each one's events span more than its own
+    6 ms (serialised whole, the first would read 6 ms)."""
+    body = """
+        import json
+        c = Cuda(); c.init(0); s = c.stream()
+        a, b = c.event(), c.event()
+        c.kernel(1000, s); c.sync(s)
+        print('ready', flush=True); os.read(0, 1)
+        time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else {delay})
+        c.call("cuEventRecord", a, s); c.kernel(6000, s); c.call("cuEventRecord", b, s); c.sync(s)
+        print(json.dumps(c.elapsed_ms(a, b)), flush=True)
+    """
+    procs = [spawn_py(body.format(delay=d)) for d in (0.0, 0.001)]
+    for p in procs:
+        p.stdin.write("go")
+        p.stdin.flush()
+        p.stdin.close()
+    first, second = (json.loads(p.stdout.readline()) for p in procs)
+    assert 7.5 < first < 12.5 and 7.5 < second < 12.5, (first, second)   # never more than both kernels
 
 
 def test_every_launch_path_of_a_compiled_program(sim_env):
