@@ -25,19 +25,29 @@
  *   launches, never blocking) the difference measured - estimate is charged,
  *   so the bucket holds exactly what was used and the long-run average
  *   converges to the share however wrong the estimate was.
+ * - Only the kernel's own run is charged. A start event recorded while none of
+ *   this process's launches is in flight (the GPU idle before it, as a
+ *   throttled launch always finds it) is reached at once, and the kernel only
+ *   after the driver's launch call has returned (and its dispatch): the events
+ *   would bill that gap, a large part of a short kernel. So such a launch's
+ *   measurement loses the CPU time from the start event's record to the launch
+ *   call's return (never more than half of it); what the GPU adds after that
+ *   is left to the NVML correction below.
  * - Launches measured but not yet harvested are bounded (SM_PROBES, and two or
  *   SM_INFLIGHT_NS of estimated work; one until a first measurement exists):
  *   a process cannot run further ahead of its measurements than that.
  * - Events measure latency, not occupancy: a launch that waited behind another
  *   process's kernel (or its time slices) looks longer than it ran, and the
- *   container would pay for the other's work. Every SM_TICK_NS the process
- *   compares what NVML says it used over the last second with what it
- *   measured. Alone on the device, that ratio is a baseline (launch gaps that
- *   an unlimited process has too, NVML's rounding); with processes of other
- *   containers on it, measurements are charged scaled by ratio / baseline
- *   (smoothed, in [SM_FACTOR_MIN, 1]). The factor never exceeds 1, so the
- *   correction can only give back time that was not used; without NVML, or
- *   without knowing the pid NVML knows us by, it stays 1.
+ *   container would pay for the other's work; and the GPU's own dispatch of a
+ *   launch is inside them. Every SM_TICK_NS the process compares what NVML
+ *   says its kernels ran over the last second with what it measured, and
+ *   measurements are charged scaled by that ratio (smoothed, in
+ *   [SM_FACTOR_MIN, 1]), alone or beside other containers. The factor never
+ *   exceeds 1, so the correction can only give back time that was not used;
+ *   without NVML, or without knowing the pid NVML knows us by, it stays 1.
+ *   Beside other processes of its own container it goes back to 1: their
+ *   kernels are the container's to pay, and waits behind them are rare (the
+ *   shared bucket spaces them).
  * - Everything shared is updated with atomics; no lock spans processes, so a
  *   process killed at any instant leaves at most its estimates charged.
  * - The region is the container's to write, so its bucket is not trusted
@@ -75,7 +85,7 @@
 #define SM_PROBES 64                             /* measured launches in flight, per process and device */
 #define SM_INFLIGHT_NS 20000000LL                /* ... beyond two, at most this much estimated work */
 #define SM_HARVEST_PENDING 2                     /* a harvest stops at this many unfinished probes */
-#define SM_BURST_WINDOW_NS 100000000LL           /* tokens kept at most: share x 100 ms */
+#define SM_BURST_WINDOW_NS 40000000LL            /* tokens kept at most: share x 40 ms (a busy second after an idle one reads share + 4 % of it) */
 #define SM_SLEEP_MIN_NS 20000LL
 #define SM_SLEEP_MAX_NS 10000000LL
 #define SM_POLL_NS 200000LL                      /* waiting for a measurement: look every 0.2 ms */
@@ -98,6 +108,9 @@ struct sm_probe {
     CUevent start, end;
     CUcontext ctx;                               /* context the events were created in */
     int64_t charged_ns;
+    int64_t recorded_ns;                         /* CPU clock after the start event's record */
+    int64_t idle_gap_ns;                         /* record to launch return, when nothing was in flight */
+    int idle;                                    /* nothing of ours in flight at the record */
     int billed;                                  /* 0: launched while alone, nothing to charge */
     int state;
 };
@@ -112,7 +125,6 @@ struct sm_local {
     int64_t estimate_ns;                         /* running mean of charged launches */
     /* occupancy correction */
     double factor;                               /* charge = measured x factor */
-    double baseline;                             /* NVML / measured while alone */
     int64_t measured_ns;                         /* cumulative raw measurements */
     int64_t unmeasured;                          /* launches that went without events */
     int64_t next_tick_ns;
@@ -163,7 +175,6 @@ static void sm_local_reset(void)
         memset(&sm_local[d], 0, sizeof(sm_local[d]));
         pthread_mutex_init(&sm_local[d].lock, NULL);
         sm_local[d].factor = 1.0;
-        sm_local[d].baseline = 1.0;
     }
 }
 
@@ -279,6 +290,7 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
         float ms = 0;
         if (r == CUDA_SUCCESS && sm_drv.event_elapsed(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
             int64_t ns = (int64_t)((double)ms * 1e6);
+            ns -= p->idle_gap_ns < ns / 2 ? p->idle_gap_ns : ns / 2;
             int64_t used = (int64_t)((double)ns * loc->factor);
             loc->measured_ns += ns;
             if (p->billed)
@@ -433,9 +445,9 @@ static int sm_nvml_util(struct sm_local *loc, int *company)
 }
 
 /* Every SM_TICK_NS: compare NVML's occupancy with our measurements of about
- * the same second. While the process has the device to itself their ratio is
- * the baseline; while others use it too, the ratio below that baseline is
- * time spent waiting for them, and the charge factor follows it. */
+ * the same second. Their ratio below 1 is time measured but not run (the GPU's
+ * dispatch, waits behind other containers' work), and the charge factor
+ * follows it. */
 static void sm_correct(struct sm_local *loc, int64_t now)
 {
     if (now < loc->next_tick_ns)
@@ -469,19 +481,14 @@ static void sm_correct(struct sm_local *loc, int64_t now)
     if (util < 0)
         return;
     double ratio = (double)util / 100.0 * (double)span / (double)measured;
-    if (company == SM_WITH_FOREIGN) {
-        double target = ratio / loc->baseline;
-        target = target > 1.0 ? 1.0 : target < SM_FACTOR_MIN ? SM_FACTOR_MIN : target;
-        loc->factor += (target - loc->factor) / SM_SMOOTHING;
-    } else {
-        /* waits behind our own container's kernels are rare (the shared bucket
-         * spaces them) and are ours to pay: no correction */
-        if (company == SM_ALONE && all_measured && ratio >= SM_FACTOR_MIN)
-            loc->baseline += ((ratio > 1.0 ? 1.0 : ratio) - loc->baseline) / SM_SMOOTHING;
-        loc->factor += (1.0 - loc->factor) / SM_SMOOTHING;
-    }
-    hami_debug("SM limit: NVML %d%%, measured %.1f%%, company %d, baseline %.3f, charge factor %.3f", util,
-               100.0 * (double)measured / (double)span, company, loc->baseline, loc->factor);
+    double target = 1.0;
+    if (company == SM_WITH_FOREIGN || (company == SM_ALONE && all_measured))
+        target = ratio > 1.0 ? 1.0 : ratio < SM_FACTOR_MIN ? SM_FACTOR_MIN : ratio;
+    else if (company == SM_ALONE)
+        target = loc->factor;                    /* launches went unmeasured: nothing to judge by */
+    loc->factor += (target - loc->factor) / SM_SMOOTHING;
+    hami_debug("SM limit: NVML %d%%, measured %.1f%%, company %d, charge factor %.3f", util,
+               100.0 * (double)measured / (double)span, company, loc->factor);
 }
 
 /* `default` policy: has no other container's work been active on the device in
@@ -559,7 +566,11 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     int idx = sm_events_ok ? sm_probe_get(loc) : -1;
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
+        int idle = loc->in_use == 0;             /* harvested just now: all earlier ones done */
         if (sm_drv.event_record(p->start, stream) == CUDA_SUCCESS) {
+            p->recorded_ns = hami_now_ns();
+            p->idle = idle;
+            p->idle_gap_ns = 0;
             p->state = PROBE_ARMED;
             p->charged_ns = estimate;
             p->billed = billed;
@@ -601,10 +612,13 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
         if (result != CUDA_SUCCESS) {
             sm_charge(loc, st, -p->charged_ns);  /* nothing ran: give the estimate back */
             sm_probe_release(loc, p);
-        } else if (sm_drv.event_record(p->end, stream) == CUDA_SUCCESS) {
-            p->state = PROBE_FLYING;
         } else {
-            sm_probe_release(loc, p);            /* unmeasurable: the estimate stays charged */
+            if (p->idle)
+                p->idle_gap_ns = hami_now_ns() - p->recorded_ns;
+            if (sm_drv.event_record(p->end, stream) == CUDA_SUCCESS)
+                p->state = PROBE_FLYING;
+            else
+                sm_probe_release(loc, p);        /* unmeasurable: the estimate stays charged */
         }
         hami_capture_restore(capture_mode);
     } else if (result != CUDA_SUCCESS) {

@@ -1,0 +1,57 @@
+"""bench/gpu/driver_probe.py `busy` on the simulated GPU, under libvgpu: the probe
+`make gpu-check` runs on a real GPU, here reading GPU time from the simulator's timeline.
+Each process stands for a container (its region; with a board, its activity stamp on it).
+
+Shared by tests/libvgpu/test_sm_short_kernels.py and bench/sm_short_kernels.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_LIB = ROOT / "build" / "sim" / "lib"
+LIBVGPU = ROOT / "build" / "libvgpu.so"
+PROBE = [sys.executable, str(ROOT / "bench" / "gpu" / "driver_probe.py"), "busy"]
+CARD_UUID = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"   # the simulator's card 0
+
+sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+import gpu_env  # noqa: E402
+
+
+def start(work: Path, name: str, pct: int, policy: str, kernel_us: int, seconds: int, mode: str = "time",
+          board: Path | None = None, start_at: int = 0, libvgpu: Path = LIBVGPU) -> subprocess.Popen:
+    env = gpu_env.container_env(work, name, CARD_UUID, board=board)
+    env.update(LD_PRELOAD=str(libvgpu), LD_LIBRARY_PATH=str(SIM_LIB), HAMI_SIM_STATE=str(work / "sim.state"),
+               CUDA_DEVICE_SM_LIMIT=str(pct), GPU_CORE_UTILIZATION_POLICY=policy)
+    argv = PROBE + ["--kernel-us", str(kernel_us), "--seconds", str(seconds), "--mode", mode]
+    if start_at:
+        argv += ["--start-at", str(start_at)]
+    return subprocess.Popen(argv, env=gpu_env.clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{proc.args}: exit {proc.returncode}\n{err}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def alone(work: Path, pct: int, kernel_us: int, seconds: int, libvgpu: Path = LIBVGPU) -> dict:
+    """One `force` container's busy figures."""
+    return finish(start(work, "alone", pct, "force", kernel_us, seconds, libvgpu=libvgpu))
+
+
+def pair_split(work: Path, policy: str, kernel_us: int, seconds: int, shares=(30, 70),
+               libvgpu: Path = LIBVGPU) -> float:
+    """Two containers on one board, the same fixed-work kernel in the same window (as tests/gpu
+    does): the first one's % of the kernels both completed."""
+    board = work / "board"
+    start_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 2_000_000_000   # both warm
+    procs = [start(work, f"c{pct}", pct, policy, kernel_us, seconds, "work", board, start_at, libvgpu)
+             for pct in shares]
+    work_done = [finish(p)["kernels_in_window"] for p in procs]
+    return 100 * work_done[0] / sum(work_done)

@@ -1,0 +1,40 @@
+"""SM share of short kernels as GPU time, on the simulated GPU, through the same probe
+`make gpu-check` runs on a real one (bench/gpu/driver_probe.py `busy`): the kernels' own time
+inside the window over the window.
+
+The simulator times kernels as a GPU does (tests/simgpu/cu_stream.c): a launch's CPU time and
+dispatch sit between a start event recorded on an idle stream and the kernel, as on the H200
+where a 30 % share of 50 us kernels read 23.6 % of GPU time while the launch gap was billed.
+Only the kernels' run may be charged, so 10 and 50 us kernels get their share too, and two
+containers at 30 and 70 % split the work 30 : 70.
+
+Timed on a shared machine: the bounds are wider than DESIGN.md's +-3 (bench/sm_short_kernels.py
+holds that), yet narrow enough that billing the launch gap (about 20 % of GPU time for 10 us
+kernels at 30 %) fails them."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sim_probe  # noqa: E402
+
+SECONDS = 3
+POINTS = 4.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pct", [30, 60])
+@pytest.mark.parametrize("kernel_us", [10, 50])
+def test_force_share_of_short_kernels_is_gpu_time(tmp_path, kernel_us, pct):
+    got = sim_probe.alone(tmp_path, pct, kernel_us, SECONDS)
+    assert got["clock"] == "nominal"
+    assert abs(got["busy_pct"] - pct) <= POINTS, got
+    assert abs(got["per_second_pct"][0] - pct) <= 2 * POINTS, got["per_second_pct"]   # the first second too
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["default", "force"])
+def test_two_containers_split_short_kernels_30_70(tmp_path, policy):
+    split = sim_probe.pair_split(tmp_path, policy, 50, SECONDS)
+    assert abs(split - 30) <= POINTS, split
