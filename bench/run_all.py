@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ORDER = ["libvgpu_overhead.py", "sm_accuracy.py", "runtime_latency.py", "runtime_allocator.py",
+ORDER = ["libvgpu_overhead.py", "sm_accuracy.py", "sm_short_kernels.py", "runtime_latency.py", "runtime_allocator.py",
          "resize_latency.py", "metrics_scrape.py", "agent_cost.py", "torch_seed003.py", "llm_decode.py"]
 
 
