@@ -411,6 +411,7 @@ static void through_server(char **argv)
     switch (server_request(socket_path, argv, stdio, runtime, sizeof runtime, &status)) {
     case SERVED_EXEC:
         unsetenv(LAUNCHER_ENV);
+        unsetenv(LAUNCHER_STARTED_ENV);
         argv[0] = runtime;
         execv(runtime, argv);
         fprintf(stderr, "hami-runtime: runtime=%s: %s\n", runtime, strerror(errno));
@@ -503,6 +504,8 @@ static int delete_then_release(const char *runtime, int argc, char **argv, int a
 
 int main(int argc, char **argv)
 {
+    struct timespec started;
+    clock_gettime(CLOCK_MONOTONIC, &started);
     if (argc >= 2 && strcmp(argv[1], HOOK_SUBCOMMAND) == 0)
         return hook_main(argc - 2, argv + 2);
     int at = subcommand(argc, argv);
@@ -527,6 +530,9 @@ int main(int argc, char **argv)
         char exe[PATH_MAX];
         if (realpath("/proc/self/exe", exe))
             setenv(LAUNCHER_ENV, exe, 1); /* the createRuntime hook can be this program */
+        char stamp[32];
+        snprintf(stamp, sizeof stamp, "%lld", (long long)started.tv_sec * 1000000000LL + started.tv_nsec);
+        setenv(LAUNCHER_STARTED_ENV, stamp, 1);
         through_server(argv);
         run_python(argv);
     }

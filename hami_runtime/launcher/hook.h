@@ -6,6 +6,9 @@
 /* The environment variable that tells the Python runtime which launcher
  * started it, so that the createRuntime hook it writes can be this program. */
 #define LAUNCHER_ENV "HAMI_LAUNCHER"
+/* Set with it: when the launcher started (CLOCK_MONOTONIC, ns), so that a
+ * create's debug trace counts the launcher's part (hami_runtime/phases.py). */
+#define LAUNCHER_STARTED_ENV "HAMI_LAUNCHER_STARTED_NS"
 /* Set for the detached release the launcher starts after runc's delete: the
  * Python runtime then only frees (it never frees a live container). */
 #define DELETE_DONE_ENV "HAMI_DELETE_DONE"

@@ -11,7 +11,7 @@ import os
 import sys
 
 from .. import argv as argv_mod
-from .. import config
+from .. import config, phases
 from ..errors import HamiError, report
 from ..version import wants_command_help
 
@@ -25,6 +25,12 @@ def run(argv: list, creator: int, become) -> int:
     process that becomes the runtime (a create's allocation lives while it does)."""
     # Set by the C launcher for create/run; not passed on to runc.
     launcher = os.environ.pop(LAUNCHER_ENV, None)
+    if phases.current is None:  # the create server's child began it at the launcher's request
+        started = phases.launcher_started()
+        phases.begin(started)
+        if started is not None:
+            phases.mark("launcher_python")  # the launcher, then this interpreter's start
+            phases.note("a Python of its own (no create server answered)")
     inv = cfg = None
     try:
         inv = argv_mod.parse(argv)
@@ -33,11 +39,13 @@ def run(argv: list, creator: int, become) -> int:
             (("version" in inv.global_flags or "v" in inv.global_flags) and _print_version(inv))
         cfg = config.load()
         runtime = config.real_runtime(cfg)
+        phases.mark("config")
         if shown or wants_command_help(inv):
             pass  # runc prints what was asked and runs nothing
         elif inv.command in ("create", "run"):
             from .create import prepare
             prepare(cfg, inv, launcher, creator)
+            phases.write(cfg, inv.container_id)
         elif inv.command == "delete":
             from .delete import delete
             return delete(cfg, inv, runtime)

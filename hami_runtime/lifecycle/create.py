@@ -13,7 +13,7 @@ import stat
 import sys
 from typing import TYPE_CHECKING
 
-from .. import log
+from .. import log, phases
 from ..config import Config
 from ..errors import HamiError
 from ..ids import check_container_id
@@ -278,6 +278,7 @@ def prepare(cfg: Config, inv, launcher=None, creator=None) -> bool:
     `creator`: the pid that becomes runc (this process unless given)."""
     cid = check_container_id(inv.container_id)
     spec = spec_io.load(inv.bundle)
+    phases.mark("spec_read")
     gpu_hooks = docker_gpus.gpu_hooks(spec)
     if gpu_hooks and not cfg.env_requests:
         raise HamiError("docker --gpus", " ".join(gpu_hooks[0].get("args") or []),
@@ -317,6 +318,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
         plan = plan._replace(request=request)
     if plan.kind in (pod_requests.ALONE, pod_requests.NAMED) and plan.request is None:
         return _passed_through(cfg, who, annotations, env)
+    phases.mark("request")
     check_escapes(cfg, spec)
     import time
     from . import modifiers, requirements, state_layout, store
@@ -326,10 +328,15 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
     from . import rootfs
     image = rootfs.image(bundle, spec)  # refused before anything is allocated
     state_layout.make_state_dir(cfg.state_dir)  # before its caches are read
+    phases.mark("checks")
     gpus = discovery_cache.gpus(cfg)
+    phases.mark("gpus")
     majors = device_majors(cfg)
+    phases.mark("majors")
     capabilities = driver_capabilities.parse(requests.env_map(env).get(driver_capabilities.VARIABLE))
     driver_files = distinct_files(driver_capabilities.chosen(discovery_cache.driver_files(cfg), capabilities))
+    phases.mark("driver_files")
+    phases.note(f"{len(driver_files)} driver files mounted")
     name = state_layout.alloc_name(inv.root, cid)
     creator = {"pid": pid, "start": process_start(pid)}
     request, how, refusal = plan.request, plan.why, None
@@ -377,6 +384,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
             marker = {k: v for k, v in entry.items() if k not in ("runc_root", "bundle")}
             entry["creator"] = creator
             state.allocations[name] = entry
+    phases.mark("allocation")
     if refusal is not None:
         raise refusal
     if request is None:
@@ -386,13 +394,19 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
     # is freed by the release below or by the next transaction.
     try:
         _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
-        edited = modifiers.apply(json.loads(json.dumps(spec)), build_injection(
-            cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker, launcher, image))
+        phases.mark("host_files")
+        injection = build_injection(cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker,
+                                    launcher, image)
+        phases.mark("injection")  # the mounts, env and hooks
+        edited = modifiers.apply(json.loads(json.dumps(spec)), injection)
+        phases.mark("spec_edit")
         spec_io.write(bundle, edited)
+        phases.mark("spec_write")
     except BaseException:
         store.discard(cfg.state_dir, name, entry["creator"])
         raise
     names = {gpu.uuid: gpu.name for gpu in gpus}  # "1", or "1:0" for a MIG instance
     log.write(cfg, "info", f"{who}: allocated " + ", ".join(
         f"GPU {names[g.uuid]} {g.mem_mib}MiB {g.cores}%" for g in grants) + (f" ({how})" if how else ""))
+    phases.mark("log")
     return True

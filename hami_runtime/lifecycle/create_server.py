@@ -142,7 +142,7 @@ def serve() -> int:
                         return 0
                     child = os.fork()
                     if child == 0:
-                        _child(ready, pid, since + REQUEST_S, (listener, wake_up, woken, *waiting))
+                        _child(ready, pid, since, (listener, wake_up, woken, *waiting))
                     children.add(child)
 
 
@@ -271,11 +271,13 @@ def _normal_priority() -> None:
         pass  # not allowed: it stays where it was
 
 
-def _child(conn: socket.socket, pid: int, deadline: float, servers: tuple) -> None:
-    """Serves the request of launcher `pid` and ends the process. Without an
-    answer (the request not received and taken on by `deadline`, or this
-    process died before it could answer), the launcher runs the command itself.
+def _child(conn: socket.socket, pid: int, accepted: float, servers: tuple) -> None:
+    """Serves the request of launcher `pid`, whose connection was accepted at
+    `accepted` (time.monotonic), and ends the process. Without an answer (the
+    request not received and taken on within REQUEST_S, or this process died
+    before it could answer), the launcher runs the command itself.
     `servers`: the server's sockets, not this child's."""
+    deadline = accepted + REQUEST_S
     gc.disable()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a delete waits for runc
@@ -288,7 +290,7 @@ def _child(conn: socket.socket, pid: int, deadline: float, servers: tuple) -> No
             conn.sendall(DECLINED)
         elif _go_ahead(conn, deadline):
             conn.settimeout(None)  # taken on: the command takes what it takes
-            conn.sendall(_run(*request))
+            conn.sendall(_run(*request, accepted=accepted))
         conn.shutdown(socket.SHUT_RDWR)  # the launcher reads to the end: now, not once this process is torn down
     except (OSError, ValueError):
         pass  # the launcher gone, or the request broken
@@ -354,9 +356,11 @@ def _world(pid) -> tuple:
         return ()
 
 
-def _run(pid: int, fds: list, cwd: bytes, umask: int, argv: list, env: dict) -> bytes:
+def _run(pid: int, fds: list, cwd: bytes, umask: int, argv: list, env: dict, accepted: float | None = None) -> bytes:
     """Becomes the launcher's command's Python: its stdio, cwd, umask, env and
-    scheduling; runs it; the answer for the launcher."""
+    scheduling; runs it; the answer for the launcher. `accepted`: when its
+    connection was (the create's trace: the launcher's part and the handoff)."""
+    from .. import phases
     from . import command
     _scheduling_of(pid)
     os.umask(umask)
@@ -366,6 +370,12 @@ def _run(pid: int, fds: list, cwd: bytes, umask: int, argv: list, env: dict) -> 
         os.close(fd)
     os.environb.clear()
     os.environb.update(env)
+    started = phases.launcher_started()  # taken out of the env runc gets, as the launcher's path
+    if started is not None and accepted is not None:
+        trace = phases.begin(started)
+        trace.mark("launcher", int(accepted * 1e9))  # its exec, config and spec read, connect
+        trace.mark("handoff")  # accepted, forked, the request received, the go-ahead
+        phases.note("served by the create server")
     runtime = []
     try:
         status = command.run(argv[1:], pid, lambda path, _argv: runtime.append(path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from .. import phases
 from ..errors import HamiError
 from . import driver_capabilities
 from .gpu import GpuInfo
@@ -30,6 +31,8 @@ class DriverFile(NamedTuple):
 
 def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
     import ctypes  # here: a create that finds the discovery cache needs neither
+    import time
+    started = time.monotonic_ns()
     import pynvml
     if nvml_library:
         try:
@@ -37,10 +40,13 @@ def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
             ctypes.CDLL(nvml_library, mode=os.RTLD_GLOBAL)
         except OSError as exc:
             raise HamiError("config nvml_library", nvml_library, f"cannot load: {exc}") from None
+    loaded = time.monotonic_ns()
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise HamiError("NVML", nvml_library or "libnvidia-ml.so.1", f"init failed: {exc}") from None
+    initialised = time.monotonic_ns()
+    phases.note(f"NVML loaded in {(loaded - started) / 1e6:.2f}ms, nvmlInit {(initialised - loaded) / 1e6:.2f}ms")
     try:
         driver = text(pynvml.nvmlSystemGetDriverVersion())
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()
@@ -60,14 +66,17 @@ def load_gpus(nvml_library: str = "") -> list[GpuInfo]:
             instances = mig_instances(pynvml, handle, gpu)
             gpus.append(gpu._replace(mig_mode=instances is not None))
             gpus.extend(instances or ())
+        phases.note(f"NVML queries {phases.since_ms(initialised):.2f}ms")
         return gpus
     except pynvml.NVMLError as exc:
         raise HamiError("NVML", nvml_library or "libnvidia-ml.so.1", f"query failed: {exc}") from None
     finally:
+        closing = time.monotonic_ns()
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+        phases.note(f"nvmlShutdown {phases.since_ms(closing):.2f}ms")
 
 
 def text(value) -> str:

@@ -8,7 +8,11 @@ dev root, the config values discovery reads
 and the whole environment (LD_LIBRARY_PATH and the like; kept as a hash) but
 for what a shell sets for every command it starts (SHELL_NOISE: the working
 directory's name, the command's path), which no loader or driver reads: an
-engine run from a shell (podman) would otherwise miss at every new directory.
+engine run from a shell (podman) would otherwise miss at every new directory;
+nor the markers the launcher sets for the runtime (LAUNCHER_MARKERS): a create
+takes them out before discovery, but the create server inherits those of the
+GPU create that started it, and its warm-up's entry would miss at the next
+create, which then started NVML itself.
 Anything unreadable, unexpected or different is a miss: discover again and
 replace the entry atomically. A cache that cannot be written is not an error.
 """
@@ -19,6 +23,7 @@ import json
 import os
 import time
 
+from .. import phases
 from ..errors import HamiError
 from ..files import atomic_write, file_key, read_state_file, sha256_hex
 from ..path_trust import make_state_dir
@@ -88,10 +93,14 @@ def _device_nodes(dev_root: str):
 
 
 SHELL_NOISE = frozenset({"_", "PWD", "OLDPWD", "SHLVL"})
+# hami_runtime/launcher/hook.h: what the launcher tells the runtime, never a loader's or a driver's
+LAUNCHER_MARKERS = frozenset({"HAMI_LAUNCHER", phases.LAUNCHER_STARTED_ENV, "HAMI_CREATE_SERVER",
+                              "HAMI_WARM_UP", "HAMI_DELETE_DONE"})
 
 
 def _environment_hash() -> str:
-    text = json.dumps(sorted(item for item in os.environ.items() if item[0] not in SHELL_NOISE))
+    text = json.dumps(sorted(item for item in os.environ.items()
+                             if item[0] not in SHELL_NOISE and item[0] not in LAUNCHER_MARKERS))
     return sha256_hex(text.encode("utf-8", "surrogateescape"))
 
 
@@ -190,18 +199,31 @@ def last_found(state_dir: str) -> list[GpuInfo]:
     return (_gpus_from(cached.get("value")) if cached else None) or []
 
 
+def _miss(cached: dict | None, key: dict | None) -> str:
+    """Why an entry was not used, for the create's trace (phases.note)."""
+    if cached is None:
+        return "no entry"
+    if key is None or cached["key"] == key:
+        return "its value unusable"
+    return "its key differs: " + ", ".join(sorted(k for k in set(cached["key"]) | set(key)
+                                                   if cached["key"].get(k) != key.get(k)))
+
+
 def gpus(cfg) -> list[GpuInfo]:
     """discovery.load_gpus, from the cache while its key holds."""
-    cached = _read(_path(cfg, GPUS_FILE))
+    cached, now = _read(_path(cfg, GPUS_FILE)), None
     if cached is not None:
         nvml_file = cached["key"].get("nvml_file")
         if isinstance(nvml_file, list) and nvml_file and isinstance(nvml_file[0], str):
-            if cached["key"] == gpus_key(cfg, cfg.nvml_library or nvml_file[0]):
+            now = gpus_key(cfg, cfg.nvml_library or nvml_file[0])
+            if cached["key"] == now:
                 found = _gpus_from(cached.get("value"))
                 if found is not None:
+                    phases.note("GPUs from the discovery cache")
                     return found
     # The key is taken before discovery: a change while it runs is a later miss.
     key = gpus_key(cfg, cfg.nvml_library)
+    phases.note(f"GPUs discovered through NVML (discovery cache: {_miss(cached, now)})")
     found = discovery.load_gpus(cfg.nvml_library)
     if not cfg.nvml_library:
         loaded = _loaded_nvml()  # known only now; the ld caches above pin the choice
@@ -215,13 +237,16 @@ def driver_files(cfg) -> list[discovery.DriverFile]:
     """discovery.driver_files, from the cache while its key holds and every
     listed file is still there."""
     cached = _read(_path(cfg, DRIVER_FILES_FILE))
-    if cached is not None and cached["key"] == driver_files_key(cfg):
+    now = driver_files_key(cfg) if cached is not None else None
+    if cached is not None and cached["key"] == now:
         value = cached.get("value")
         if (isinstance(value, list) and value
                 and all(isinstance(p, list) and len(p) == 4 and all(isinstance(s, str) for s in p[:3])
                         and p[3] in (32, 64) for p in value)
                 and all(os.path.isfile(p[0]) for p in value)):
+            phases.note("driver files from the discovery cache")
             return [discovery.DriverFile(*p) for p in value]
+    phases.note(f"driver files found from the ld cache (discovery cache: {_miss(cached, now)})")
     key = driver_files_key(cfg)
     found = discovery.driver_files(cfg.driver_root)
     _write(cfg, DRIVER_FILES_FILE, key, [list(f) for f in found])
