@@ -1,6 +1,6 @@
 """Added latency of hami-runtime against runc, side by side in one run.
 
-  .venv/bin/python bench/runtime_latency.py [--iterations N]
+  .venv/bin/python bench/runtime_latency.py [--iterations N] [--phases] [--real-driver]
 
 Runs on the simulated GPU (build/sim/hami.toml, state in a temp dir) with a
 busybox bundle whose command is `true` and a private runc --root. Three
@@ -41,10 +41,22 @@ launcher's own cost on the fast path (a create without request, with
 and the spec read).
 The state dir, the runc root and the bundles are on a tmpfs (/dev/shm), as
 /run is on a node.
+
+--phases: the runtime's log at debug, so that each GPU create writes its
+phases (hami_runtime/phases.py); a table of each phase's median per row, and
+what follows the trace (the launcher's exec of runc, runc's create and the
+createRuntime hook: the create's wall time less the traced total) against
+runc's own create.
+--real-driver: the node's own NVIDIA driver instead of the simulator (driver
+files from the host's ld cache, NVML through the loader, /dev, /proc/devices;
+libvgpu from build/), and a rootfs holding the host's dynamically linked
+`true` and its libraries (so the container's process loads libvgpu through
+/etc/ld.so.preload, as a workload does). Needs root, runc and a GPU.
 """
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -56,7 +68,7 @@ import threading
 import time
 from pathlib import Path
 
-from sim_runtime import ROOT, private_config, sim_config_missing
+from sim_runtime import ROOT, SIM_CONFIG, private_config, sim_config_missing
 
 sys.path.insert(0, str(ROOT))
 from tests.conftest import has_children, processes_with_env  # noqa: E402
@@ -96,27 +108,65 @@ def quiet(argv, env):
                    stderr=subprocess.DEVNULL, env=env, timeout=60)
 
 
+def dynamic_rootfs(rootfs: Path) -> None:
+    """rootfs/bin/true, the host's, with the libraries ldd names, at their paths."""
+    true = Path(shutil.which("true") or "/bin/true").resolve()
+    (rootfs / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(true, rootfs / "bin" / "true")
+    listed = subprocess.run(["ldd", str(true)], capture_output=True, text=True).stdout
+    for path in re.findall(r"(/\S+) \(0x", listed):
+        target = rootfs / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(path), target)
+
+
+def nvidia_gpus() -> list:
+    """The GPUs the NVIDIA kernel driver lists (none without the driver)."""
+    try:
+        return os.listdir("/proc/driver/nvidia/gpus")
+    except OSError:
+        return []
+
+
+def real_driver_config(work: Path) -> Path:
+    """The node's driver at its defaults (driver_root /, /dev, the loader's NVML)."""
+    config = work / "hami.toml"
+    config.write_text(f'runtime = "{RUNC}"\nstate_dir = "{work / "state"}"\n'
+                      f'libvgpu = "{ROOT / "build" / "libvgpu.so"}"\n')
+    return config
+
+
 class Setup:
-    def __init__(self, work: Path):
+    def __init__(self, work: Path, phases=False, real_driver=False):
         self.work = work
         self.root = work / "runc-root"
         self.rootfs = work / "rootfs"
         self.state = work / "state"
-        (self.rootfs / "bin").mkdir(parents=True)
-        shutil.copy2(shutil.which("busybox") or "/bin/busybox", self.rootfs / "bin" / "busybox")
-        for applet in ("sh", "sleep", "true"):
-            (self.rootfs / "bin" / applet).symlink_to("busybox")
+        self.log = work / "hami.log" if phases else None
+        if real_driver:
+            dynamic_rootfs(self.rootfs)
+        else:
+            (self.rootfs / "bin").mkdir(parents=True)
+            shutil.copy2(shutil.which("busybox") or "/bin/busybox", self.rootfs / "bin" / "busybox")
+            for applet in ("sh", "sleep", "true"):
+                (self.rootfs / "bin" / applet).symlink_to("busybox")
         subprocess.run([RUNC, "spec"], cwd=work, check=True)
         self.template = json.loads((work / "config.json").read_text())
         self.template["process"]["terminal"] = False
         self.template["process"]["args"] = ["true"]
         self.template["root"] = {"path": str(self.rootfs), "readonly": False}
-        config = private_config(work)
-        (work / "simstate").mkdir()
-        config.write_text(config.read_text().replace(
-            f'"{ROOT / "build" / "sim" / "shared"}"', f'"{work / "simstate"}"'))
-        self.env = {**os.environ, "HAMI_CONFIG": str(config),
-                    "HAMI_SIM_STATE": str(work / "simstate" / "gpu.state")}
+        if real_driver:
+            config = real_driver_config(work)
+            self.env = {**os.environ, "HAMI_CONFIG": str(config)}
+        else:
+            config = private_config(work)
+            (work / "simstate").mkdir()
+            config.write_text(config.read_text().replace(
+                f'"{ROOT / "build" / "sim" / "shared"}"', f'"{work / "simstate"}"'))
+            self.env = {**os.environ, "HAMI_CONFIG": str(config),
+                        "HAMI_SIM_STATE": str(work / "simstate" / "gpu.state")}
+        if phases:  # top-level keys, ahead of any table
+            config.write_text(f'log_level = "debug"\nlog_file = "{self.log}"\n' + config.read_text())
         self.env.pop("HAMI_LAUNCHER", None)
         self.specs = {}
 
@@ -239,17 +289,95 @@ def stats(samples):
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
 
 
+PHASE_LINE = re.compile(r"create (\S+) phases: (.*?) total=([\d.]+)ms(.*)$")
+SPAN = re.compile(r"(\w+)=([\d.]+)ms")
+
+
+def read_phases(log: Path) -> dict:
+    """container id -> ({phase: ms}, traced total ms, [notes]) from the runtime's debug lines."""
+    found = {}
+    for line in log.read_text(errors="replace").splitlines():
+        got = PHASE_LINE.search(line)
+        if got:
+            spans = {name: float(ms) for name, ms in SPAN.findall(got.group(2))}
+            notes = [n.strip() for n in got.group(4).split(";") if n.strip()]
+            found[got.group(1)] = (spans, float(got.group(3)), notes)
+    return found
+
+
+def print_phases(found: dict, traced: dict, runc_create: dict) -> None:
+    """Each phase's median per row (operation, state dir) of the GPU kind; then
+    what followed the trace (wall less traced: the launcher's exec of runc,
+    runc's create or run, the createRuntime hook) against runc's own create."""
+    rows = {}  # (op, warmth) -> [(spans, total, notes, wall)]
+    for cid, (op, warmth, wall) in traced.items():
+        if cid in found:
+            rows.setdefault((op, warmth), []).append((*found[cid], wall))
+    if not rows:
+        print("\nno create phases in the runtime's log (its log_level debug, log_file)")
+        return
+    keys = [k for k in ((o, w) for o in ("create+delete", "run") for w in ("warm", "cold", "sandbox first"))
+            if k in rows]
+    names = []
+    for key in keys:
+        for spans, *_ in rows[key]:
+            names += [name for name in spans if name not in names]
+    first = ("launcher", "launcher_python", "handoff")  # the way in: served, or a Python of its own
+    names = [n for n in first if n in names] + [n for n in names if n not in first]
+    heads = [f"`{'create' if o == 'create+delete' else o}` {w}" for o, w in keys]
+    print("\nGPU create phases, median ms of each (hami_runtime/phases.py; runtime log at debug); "
+          "samples per column: " + ", ".join(str(len(rows[k])) for k in keys) + "\n")
+    print("| phase | " + " | ".join(heads) + " |")
+    print("| --- | " + " | ".join("---:" for _ in keys) + " |")
+
+    def cell(values):
+        return f"{statistics.median(values):.2f}" if values else ""
+    for name in names:
+        print(f"| {name} | " + " | ".join(cell([sp[name] for sp, *_ in rows[k] if name in sp]) for k in keys) + " |")
+    print("| traced total | " + " | ".join(cell([t for _, t, _, _ in rows[k]]) for k in keys) + " |")
+    print("| wall less traced (runc's exec and create, the hook; for `run` the container too) | "
+          + " | ".join(cell([w - t for _, t, _, w in rows[k]]) for k in keys) + " |")
+    print("| runc's own `create`, the same iterations | "
+          + " | ".join(f"{runc_create['cold' if w != 'warm' else 'warm']:.2f}" if o == "create+delete" else ""
+                       for o, w in keys) + " |")
+    print("\nwhat the creates noted (how many of each column's samples; numbers are medians):\n")
+    for key, head in zip(keys, heads):
+        kinds = {}
+        for _, _, notes, _ in rows[key]:
+            for text in notes:
+                kinds.setdefault(re.sub(r"[\d.]+ms", "#ms", re.sub(r"^\d+ ", "# ", text)), []).append(text)
+        said = []
+        for shape, texts in kinds.items():
+            numbers = [[float(x) for x in re.findall(r"(?:^|\s)([\d.]+)(?=ms|\s)", t)] for t in texts]
+            medians = [statistics.median(col) for col in zip(*numbers)] if all(numbers) else []
+            filled = shape
+            for value in medians:
+                filled = filled.replace("#", f"{value:g}", 1)
+            said.append(f"{filled} ({len(texts)})")
+        print(f"- {head}: " + "; ".join(said))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=20)
-    n = parser.parse_args().iterations
-    if sim_config_missing():
+    parser.add_argument("--phases", action="store_true", help="each GPU create's phases, from the runtime's debug log")
+    parser.add_argument("--real-driver", action="store_true", help="the node's NVIDIA driver, not the simulator")
+    options = parser.parse_args()
+    n = options.iterations
+    if not options.real_driver and sim_config_missing():
         return 1
-    if not LAUNCHER.exists():
-        print("run `make build` first (build/hami-runtime)", file=sys.stderr)
+    if options.real_driver and not nvidia_gpus():
+        print("runtime_latency --real-driver: no GPU (/proc/driver/nvidia/gpus lists none); nothing measured")
+        return 0
+    if not os.access(RUNC, os.X_OK) or os.geteuid() != 0:
+        print(f"runtime_latency: needs root and runc ({RUNC} not found)" if os.geteuid() == 0 else
+              "runtime_latency: needs root (runc makes the containers)", file=sys.stderr)
+        return 1
+    if not LAUNCHER.exists() or not (ROOT / "build" / "libvgpu.so").exists():
+        print("run `make build` first (build/hami-runtime, build/libvgpu.so)", file=sys.stderr)
         return 1
     work = Path(tempfile.mkdtemp(prefix="hami-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-    s = Setup(work)
+    s = Setup(work, phases=options.phases, real_driver=options.real_driver)
     env = s.env
     hami = [str(LAUNCHER)]
     plain = s.bundle("plain")
@@ -258,6 +386,7 @@ def main() -> int:
     results = {}  # (operation, warmth, kind) -> [(wall, cpu)]
     served = {}   # (operation, warmth, kind) -> [CPU ms of the create server]
     parts = {}    # (warmth, kind) -> [(create wall ms, delete wall ms)]
+    traced = {}   # GPU container id -> (operation, warmth, the create's (or run's) wall ms)
 
     def sample(op, warmth, kind, i):
         cmd, bundle = kinds[kind]
@@ -275,9 +404,11 @@ def main() -> int:
             wall, cpu = timed(cmd + s.g("create", "--bundle", str(bundle), cid), env)
             w2, c2 = timed(cmd + s.g("delete", cid), env)
             parts.setdefault((warmth, kind), []).append((wall, w2))
+            traced[cid] = (op, warmth, wall)
             wall, cpu = wall + w2, cpu + c2
         else:
             wall, cpu = timed(cmd + s.g("run", "--bundle", str(bundle), cid), env)
+            traced[cid] = (op, warmth, wall)
             quiet(cmd + s.g("delete", "-f", cid), env)
         s.released()
         s.warmed()
@@ -299,6 +430,7 @@ def main() -> int:
         results.clear()
         served.clear()
         parts.clear()
+        traced.clear()
         load_before = os.getloadavg()
         passthrough = {"list": ([], []), "state": ([], [])}
         quiet([RUNC] + s.g("create", "--bundle", str(plain), "resident"), env)
@@ -322,7 +454,9 @@ def main() -> int:
             alone[0].append(timed(["/bin/true"] + s.g("create", "--bundle", str(plain), "t"), true_env))
             alone[1].append(timed(hami + s.g("create", "--bundle", str(plain), "t"), true_env))
         load_after = os.getloadavg()
-        print(f"runtime latency, {n} iterations, kinds in turn within each, the first changing with each (runc; hami-runtime "
+        driver = "the node's NVIDIA driver" if options.real_driver else "the simulated GPU"
+        print(f"runtime latency on {driver}, {n} iterations, kinds in turn within each, the first changing with each "
+              f"(runc; hami-runtime "
               f"{os.path.relpath(LAUNCHER, ROOT)}, no request; the same, GPU request); {os.cpu_count()} CPUs; "
               f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
         print("| operation | state dir | runc ms | no request ms | GPU ms | no request added | GPU added "
@@ -373,6 +507,13 @@ def main() -> int:
               f"alternating): median {launched:.2f} ms against {base:.2f} ms for /bin/true alone "
               f"({launched - base:+.2f} ms); fastest {low_launched:.2f} against {low:.2f} ms "
               f"({low_launched - low:+.2f} ms)")
+        if s.log is not None:
+            runc_create = {w: statistics.median(p[0] for p in parts[(w, "runc")]) for w in ("warm", "cold")}
+            print_phases(read_phases(s.log), traced, runc_create)
+    except subprocess.CalledProcessError:
+        if s.log is not None and s.log.exists():  # why, where the runtime said it
+            print("the runtime's log, its end:\n" + "\n".join(s.log.read_text().splitlines()[-5:]), file=sys.stderr)
+        raise
     finally:
         quiet([RUNC] + s.g("delete", "-f", "resident"), env)
         for cid in (subprocess.run([RUNC] + s.g("list", "-q"), capture_output=True, text=True).stdout.split()):
