@@ -70,11 +70,12 @@ def _file_field() -> str:
     return "HAMI_CONFIG" if os.environ.get("HAMI_CONFIG") else "config file"
 
 
-def load(path: str | None = None) -> Config:
+def load(path: str | None = None, keep: bool = True) -> Config:
     """Read the config; a missing default file means the defaults, a missing
     HAMI_CONFIG file is an error (the operator named it). The validated values
     come from config_cache while the file and the model are the ones they were
-    validated from."""
+    validated from; they are kept there where `keep` (not for the read-only
+    tools, which create nothing: config_cache.lookup)."""
     path = path or config_path()
     try:
         with open(path, "rb") as handle:
@@ -84,7 +85,7 @@ def load(path: str | None = None) -> Config:
     except FileNotFoundError:
         if path == DEFAULT_PATH and "HAMI_CONFIG" not in os.environ:
             return _validated(b"", "", path, config_cache.DEFAULT_STATE_DIR,
-                              [config_cache.NO_CONFIG_FILE, path])
+                              [config_cache.NO_CONFIG_FILE, path], keep)
         raise HamiError(_file_field(), path, "config file not found") from None
     except OSError as exc:
         raise HamiError(_file_field(), path, f"cannot read config file: {exc.strerror}") from None
@@ -93,10 +94,12 @@ def load(path: str | None = None) -> Config:
     # the same clock tick would keep every time in the key)
     steady = key == config_cache.file_key(path, after) and \
         time.time_ns() - after.st_ctime_ns > config_cache.SETTLED_NS
-    return _validated(text, path, path, config_cache.state_dir_hint(text) if steady else "", key)
+    return _validated(text, path, path, config_cache.state_dir_hint(text) if steady else "", key,
+                      keep)
 
 
-def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: list) -> Config:
+def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: list,
+               keep: bool = True) -> Config:
     """The values of a TOML config (b"": the defaults, none at `looked_for`),
     from the cache in `hint` (the state dir the file names) or the persistent
     one for `looked_for` where they are there."""
@@ -104,7 +107,7 @@ def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: lis
         key = [file_key, config_cache.file_key(MODEL_FILE, os.stat(MODEL_FILE))]
     except OSError:
         key, hint = None, ""
-    values, refusals = config_cache.lookup(hint, key, looked_for, text)
+    values, refusals = config_cache.lookup(hint, key, looked_for, text, keep)
     if values is not None and values.get("state_dir") == hint:
         return _logged(Config.from_values({**values, "path": path}), refusals)
     from .config_model import validate
@@ -117,7 +120,7 @@ def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: lis
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise HamiError(_file_field(), path, f"not valid TOML: {exc}") from None
     values = validate(raw, path)
-    if hint and values["state_dir"] == hint:
+    if keep and hint and values["state_dir"] == hint:
         config_cache.store(hint, key, values, looked_for, text)
     return _logged(Config.from_values({**values, "path": path}), refusals)
 

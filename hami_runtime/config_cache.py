@@ -34,6 +34,9 @@ ours) that no one else can write. Each store prunes it: entries that are not
 this version's, whose MAC is wrong (another node's, or made with a key since
 removed), whose config file is gone, beyond the newest PERSISTENT_KEEP, and
 temp files a killed writer left.
+
+The read-only tools (hamictl ps, gpus, top, metrics, doctor) look up without
+keeping (lookup's `keep`): no key made, no entry written or copied.
 """
 from __future__ import annotations
 
@@ -140,10 +143,10 @@ def persistent_dir_trusted() -> bool:
     return not persistent_dir_problem()
 
 
-def _open_key_dir() -> int:
-    """An fd of KEY_DIR (made 0700 where missing), checked: a real directory,
-    root's or ours, that no one else may write in, in dirs no one else may
-    change (path_trust)."""
+def _open_key_dir(make: bool = True) -> int:
+    """An fd of KEY_DIR (made 0700 where missing, unless not `make`: then
+    FileNotFoundError), checked: a real directory, root's or ours, that no one
+    else may write in, in dirs no one else may change (path_trust)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         above = replace_problem(os.path.dirname(KEY_DIR))
@@ -151,6 +154,8 @@ def _open_key_dir() -> int:
             raise Refused(above)
         fd = os.open(KEY_DIR, flags)
     except FileNotFoundError:
+        if not make:
+            raise
         try:
             os.makedirs(os.path.dirname(KEY_DIR), mode=0o755, exist_ok=True)
             os.mkdir(KEY_DIR, 0o700)
@@ -251,13 +256,16 @@ def _make_key(dir_fd: int) -> None:
         raise Refused(f"cannot write {key_path()}: {exc.strerror}") from None
 
 
-def cache_key() -> bytes:
-    """This node's cache key, made on first use; Refused says why it cannot be used."""
-    dir_fd = _open_key_dir()
+def cache_key(make: bool = True) -> bytes:
+    """This node's cache key, made on first use (FileNotFoundError where there is
+    none and not `make`); Refused says why it cannot be used."""
+    dir_fd = _open_key_dir(make)
     try:
         try:
             return _read_key(dir_fd)
         except FileNotFoundError:
+            if not make:
+                raise
             _make_key(dir_fd)
             return _read_key(dir_fd)
     finally:
@@ -343,23 +351,27 @@ def _write(path: str, data: bytes) -> bool:
     return True
 
 
-def lookup(state_dir: str, key: list, config_path: str, text: bytes):
+def lookup(state_dir: str, key: list, config_path: str, text: bytes, keep: bool = True):
     """(values, refusals): the values stored for this key, the config's bytes
     `text` and state_dir, in state_dir's entry, else in the persistent entry
-    for config_path (then copied into state_dir), or None; and a (level, line)
-    for the runtime's log for each entry (or key) that could not be trusted."""
+    for config_path (then copied into state_dir, where `keep`), or None; and a
+    (level, line) for the runtime's log for each entry (or key) that could not
+    be trusted. Without `keep` (the read-only tools) nothing is written: no key
+    is made (none is a miss), no entry copied."""
     refusals = []
     if not state_dir:
         return None, refusals
     try:
-        secret = cache_key()
+        secret = cache_key(make=keep)
+    except FileNotFoundError:
+        return None, refusals
     except Refused as exc:
         return None, [("warning", f"config cache: not used: {exc}")]
     bound = _bound(config_path, text, key, state_dir)
     found = _verified(entry_path(state_dir), secret, bound, refusals)
     if found is None and persistent_dir_trusted():
         found = _verified(persistent_path(config_path), secret, bound, refusals)
-        if found is not None:
+        if found is not None and keep:
             _write_state_entry(state_dir, found[0])
     return (found[1] if found else None), refusals
 

@@ -29,7 +29,9 @@ runc by exec) still runs, or while runc's state for it exists
 (<runc root>/<id>/state.json: runc made the container). A runc dir without
 state.json whose creator is gone is a create killed half-way. Dead entries
 are freed at the start of every transaction, so a SIGKILL anywhere leaks
-nothing past the next operation.
+nothing past the next operation. The read-only tools (hamictl ps, gpus, top,
+metrics, doctor without --repair) take no transaction: snapshot() reads the
+file as the last one left it, and they leave out the dead themselves.
 
 Every state file is untrusted input: read only as a regular file owned by
 root (or us), never through a symlink, bounded in size; every field of every
@@ -45,12 +47,13 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Iterator
 
 from ..errors import HamiError
-from ..files import atomic_write, open_state_file, process_alive, read_state_file
+from ..files import _kind, atomic_write, open_state_file, process_alive, read_state_file
 from ..ids import check_container_id
 from ..names import gpu_uuid
 from ..policies import CORE_POLICIES
@@ -228,14 +231,22 @@ class State:
         # update writes a container's region only once its record is durable).
         self.after_commit: list = []
 
+    def dead(self) -> list[str]:
+        """Names of the allocations whose container is gone (reconcile frees them)."""
+        return [n for n, e in self.allocations.items() if not entry_alive(e)]
+
+    def dead_invalid(self) -> list[str]:
+        """Names of the invalid entries reconcile drops: the container each names is gone."""
+        return [n for n, bad in self.invalid.items()
+                if isinstance(bad.get("entry"), dict) and not entry_alive(bad["entry"])
+                and isinstance(bad["entry"].get("runc_root"), str)
+                and isinstance(bad["entry"].get("id"), str)]
+
     def reconcile(self) -> None:
-        for name in [n for n, e in self.allocations.items() if not entry_alive(e)]:
+        for name in self.dead():
             self.release(name)
         # An invalid entry is dropped once the container it names (if any) is gone.
-        for name in [n for n, bad in self.invalid.items()
-                     if isinstance(bad.get("entry"), dict) and not entry_alive(bad["entry"])
-                     and isinstance(bad["entry"].get("runc_root"), str)
-                     and isinstance(bad["entry"].get("id"), str)]:
+        for name in self.dead_invalid():
             self.invalid.pop(name)
             self.freed.append(name)
         # Temp files of an interrupted atomic write (only written under this lock).
@@ -341,6 +352,73 @@ def _load(state_dir: str) -> State:
         from . import pod_ledger
         pod_ledger.rebuild(state.pods, state.allocations)
     return state
+
+
+def snapshot(state_dir: str) -> State:
+    """The state as the last transaction left it, for the read-only tools: no
+    lock taken, nothing created, changed, freed or set aside. Every write is an
+    atomic rename (files.atomic_write), so the file read is one whole version.
+    An absent state dir is nothing allocated, an absent file what the running
+    containers' bundles hold (as a transaction rebuilds it); dead entries are kept
+    (State.dead() names them: the next transaction frees them). A file that is
+    not a state file raises HamiError; its `rebuilt` is what the next
+    transaction would rebuild from the running containers' bundles."""
+    _check_lock(os.path.join(state_dir, LOCK_FILE))
+    for sub in SUBDIRS:  # a symlink there is refused, as every transaction refuses it
+        fd = subdir_fd(state_dir, sub)
+        if fd is not None:
+            os.close(fd)
+    path = os.path.join(state_dir, STATE_FILE)
+    try:
+        raw = read_state_file(path, MAX_STATE_BYTES)
+    except FileNotFoundError:
+        raw = None
+    except NotADirectoryError:
+        raise HamiError("config state_dir", state_dir, "is not a directory") from None
+    except OSError as exc:
+        raise HamiError(path, "", f"cannot read: {exc.strerror}") from None
+    data = parsed = None
+    if raw is not None:
+        try:
+            data = json.loads(raw)
+            parsed = parse_state(data)
+        except (ValueError, RecursionError):
+            parsed = None
+        if parsed is None:
+            raise NotAStateFile(path, State(state_dir, rebuild(state_dir), {}))
+    # no file: what the running containers' bundles hold, as a transaction rebuilds it
+    state = State(state_dir, *(parsed or (rebuild(state_dir), {})))
+    if parsed is not None and "pods" in data:
+        from . import pod_ledger
+        state.pods, state.pod_problems = pod_ledger.parse(data["pods"])
+    if any("pod" in entry for entry in state.allocations.values()):
+        from . import pod_ledger
+        pod_ledger.rebuild(state.pods, state.allocations)
+    return state
+
+
+def _check_lock(path: str) -> None:
+    """The lock, where there is one, is what open_lock would accept (looked at,
+    not opened): else the HamiError every create now meets."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise HamiError(path, "", "is a symbolic link: state files must be regular files")
+    if not stat.S_ISREG(st.st_mode):
+        raise HamiError(path, "", f"is {_kind(st.st_mode)}: state files must be regular files")
+    if st.st_uid not in (0, os.geteuid()):
+        raise HamiError(path, "", f"is owned by uid {st.st_uid}: state files must be root's (or ours)")
+
+
+class NotAStateFile(HamiError):
+    """The state file is not one (snapshot): `rebuilt` is what the running
+    containers' bundles say is allocated."""
+
+    def __init__(self, path: str, rebuilt: State):
+        super().__init__(path, "", f"is not a version {VERSION} state file")
+        self.rebuilt = rebuilt
 
 
 def open_lock(state_dir: str) -> int:

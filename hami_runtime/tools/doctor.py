@@ -5,7 +5,9 @@ GPUs through NVML), says whether the create server listens, and checks the state
 
 Exit status 0 on a healthy node, one where nothing was ever allocated
 included; 1 only for faults it names. Notes (a dead entry, a dir no entry
-owns: what the next allocator operation frees) are shown, and are no fault.
+owns: what the next create or delete frees) are shown, and are no fault.
+Without --repair it writes nothing: the state is read as the other read-only
+tools read it (store.snapshot), and the config as they load it (no cache kept).
 
 Findings: a state dir that a user other than root could replace (it or a dir
 above it theirs, or writable by group or others), a state or lock file that is
@@ -67,56 +69,63 @@ def check_files(state_dir: str, repair: bool, out: List[str]) -> None:
 
 
 def check_entries(cfg, gpus, repair: bool, out: List[str], notes: List[str]) -> None:
-    """gpus: this node's ([] where NVML could not be read: the fields are still checked)."""
+    """gpus: this node's ([] where NVML could not be read: the fields are still checked).
+    Without --repair the state is read as the tools read it (store.snapshot: no
+    lock file made, nothing written or freed)."""
     caps = {g.uuid: allocator.capacity(g, cfg.split_count, cfg.memory_scaling) for g in gpus}
+    if not repair:
+        try:
+            _entries(cfg.state_dir, store.snapshot(cfg.state_dir), gpus, caps, False, out, notes)
+        except HamiError as exc:
+            out.append(exc.line())
+        return
     with store.transaction(cfg.state_dir, reconcile=False) as state:
-        rebuilt = store.rebuild(cfg.state_dir) if (state.invalid and repair) else {}
-        for name, entry in list(state.allocations.items()):
-            for d in entry["devices"]:
-                cap = caps.get(d["uuid"])
-                why = ""
-                if gpus and cap is None:
-                    why = f"GPU {d['uuid']} is not on this node"
-                elif cap is not None and d["mem_mib"] > cap.mem_mib:
-                    why = f"holds {d['mem_mib']} MiB of GPU {d['uuid']}, which has {cap.mem_mib}"
-                if why:
-                    state.invalid[name] = {"entry": state.allocations.pop(name), "reason": why}
-                    break
-            else:
-                if not store.entry_alive(entry):
-                    notes.append(f"entry {name!r}: its container is gone"
-                                 + ("; freed" if repair else "; the next allocator operation frees it"))
-        for key, why in sorted(state.pod_problems.items()):
-            out.append(f"pod record {key!r}: invalid: {why}" + (
-                "; dropped (rebuilt, incomplete, from its allocations where any names its pod)"
-                if repair else ""))
-        for name, bad in sorted(state.invalid.items()):
-            line = f"entry {name!r}: invalid: {bad['reason']}"
-            if repair:
-                state.invalid.pop(name)
-                if name in rebuilt:
-                    state.allocations[name] = rebuilt[name]
-                    line += "; rebuilt from its container's bundle"
-                else:
-                    line += "; dropped"
-            out.append(line)
-        if not repair:
-            raise _NoWrite()
+        _entries(cfg.state_dir, state, gpus, caps, True, out, notes)
     with store.transaction(cfg.state_dir):
         pass  # frees the dead and the orphaned
 
 
-class _NoWrite(Exception):
-    """Leaves a transaction without writing (doctor without --repair)."""
+def _entries(state_dir: str, state, gpus, caps, repair: bool, out: List[str], notes: List[str]) -> None:
+    """check_entries' findings on `state`, which --repair puts right in it."""
+    rebuilt = store.rebuild(state_dir) if (state.invalid and repair) else {}
+    for name, entry in list(state.allocations.items()):
+        for d in entry["devices"]:
+            cap = caps.get(d["uuid"])
+            why = ""
+            if gpus and cap is None:
+                why = f"GPU {d['uuid']} is not on this node"
+            elif cap is not None and d["mem_mib"] > cap.mem_mib:
+                why = f"holds {d['mem_mib']} MiB of GPU {d['uuid']}, which has {cap.mem_mib}"
+            if why:
+                state.invalid[name] = {"entry": state.allocations.pop(name), "reason": why}
+                break
+        else:
+            if not store.entry_alive(entry):
+                notes.append(f"entry {name!r}: its container is gone" + (
+                    "; freed" if repair else
+                    "; the next create or delete frees it (so does hamictl doctor --repair)"))
+    for key, why in sorted(state.pod_problems.items()):
+        out.append(f"pod record {key!r}: invalid: {why}" + (
+            "; dropped (rebuilt, incomplete, from its allocations where any names its pod)"
+            if repair else ""))
+    for name, bad in sorted(state.invalid.items()):
+        line = f"entry {name!r}: invalid: {bad['reason']}"
+        if repair:
+            state.invalid.pop(name)
+            if name in rebuilt:
+                state.allocations[name] = rebuilt[name]
+                line += "; rebuilt from its container's bundle"
+            else:
+                line += "; dropped"
+        out.append(line)
 
 
 def orphans(state_dir: str, notes: List[str]) -> None:
     try:
-        with store.transaction(state_dir, reconcile=False) as state:
-            keep = set(state.allocations) | set(state.invalid)
-            raise _NoWrite(keep)
-    except _NoWrite as stop:
-        keep = stop.args[0]
+        state = store.snapshot(state_dir)
+    except HamiError:
+        return  # check_entries names it
+    keep = set(state.allocations) | set(state.invalid)
     for sub in state_layout.SUBDIRS:
         path = os.path.join(state_dir, sub)
         if os.path.islink(path) or not os.path.isdir(path):
@@ -124,7 +133,7 @@ def orphans(state_dir: str, notes: List[str]) -> None:
         for name in sorted(os.listdir(path)):
             if name not in keep and "@" in name:
                 notes.append(f"{os.path.join(path, name)}: no allocation owns it; the next "
-                             "allocator operation removes it")
+                             "create or delete removes it (so does hamictl doctor --repair)")
 
 
 def old_layout(state_dir: str, repair: bool, notes: List[str]) -> None:
@@ -193,10 +202,7 @@ def check_state(cfg, gpus, repair: bool, faults: List[str], notes: List[str]):
         old_layout(cfg.state_dir, repair, notes)
     except (OSError, HamiError) as exc:
         found.append(f"{cfg.state_dir}: {exc}")
-    try:
-        check_entries(cfg, gpus, repair, found, notes)
-    except _NoWrite:
-        pass
+    check_entries(cfg, gpus, repair, found, notes)
     if found and not repair:
         faults.extend(found)
         return "", None
@@ -205,12 +211,12 @@ def check_state(cfg, gpus, repair: bool, faults: List[str], notes: List[str]):
     return f"{cfg.state_dir}: state is sound, {held} allocation(s)", held
 
 
-def allocations_held(state_dir: str) -> int:
+def allocations_held(state_dir: str) -> int | None:
+    """The entries the state file holds (dead ones included, until freed)."""
     try:
-        with store.transaction(state_dir, reconcile=False) as state:
-            raise _NoWrite(len(state.allocations))
-    except _NoWrite as stop:
-        return stop.args[0]
+        return len(store.snapshot(state_dir).allocations)
+    except HamiError:
+        return None
 
 
 def check_log(cfg, faults: List[str], checks: List[tuple]) -> None:
@@ -354,7 +360,7 @@ def doctor_command(ctx, repair, as_json):
     healthy, 1 for the faults it names."""
     from .. import config
     try:
-        cfg = config.load(ctx.obj["config_path"])
+        cfg = config.load(ctx.obj["config_path"], keep=False)
     except HamiError as exc:
         report = Report([exc.line()], [], [])
     else:

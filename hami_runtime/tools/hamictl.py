@@ -14,7 +14,7 @@ from . import display_text, json_output
 
 
 def _config(path):
-    return config_mod.load(path)
+    return config_mod.load(path, keep=False)  # a read-only tool keeps no cache entry
 
 
 def _table(headers, rows) -> str:
@@ -26,14 +26,22 @@ def _table(headers, rows) -> str:
 
 
 def state_now(cfg):
-    """(live allocations, invalid entries): dead ones are freed on the way;
-    each invalid entry is reported on stderr."""
+    """(live allocations, invalid entries) as the state file has them, read
+    without the allocator's lock and without writing (store.snapshot): dead
+    entries, which the next create, delete or `hamictl doctor --repair` frees,
+    are not shown; each invalid entry is reported on stderr, and so is a state
+    file that is not one (then what the next create rebuilds is shown)."""
     from ..lifecycle import store
-    import os
-    if not os.path.isdir(cfg.state_dir):
-        return {}, {}
-    with store.transaction(cfg.state_dir) as state:
-        allocations, invalid = dict(state.allocations), dict(state.invalid)
+    try:
+        state = store.snapshot(cfg.state_dir)
+    except store.NotAStateFile as exc:
+        display_text.echo(f"hamictl: {exc.line()}: shown as rebuilt from the running containers' "
+                          "bundles (the next create or delete sets it aside and rebuilds it; so does "
+                          "`hamictl doctor --repair`)", err=True)
+        state = exc.rebuilt
+    dead, gone = set(state.dead()), set(state.dead_invalid())
+    allocations = {n: e for n, e in state.allocations.items() if n not in dead}
+    invalid = {n: bad for n, bad in state.invalid.items() if n not in gone}
     for name, bad in sorted(invalid.items()):
         display_text.echo(f"hamictl: invalid state entry {name!r}: {bad['reason']} (it holds its "
                           "GPUs until `hamictl doctor --repair`)", err=True)

@@ -468,7 +468,7 @@ def node_settings(state_dir: Optional[str]) -> dict:
     root = ctx.find_root().obj if ctx else None
     path = root.get("config_path") if isinstance(root, dict) else None
     try:
-        values = node_view.settings(config.load(path))
+        values = node_view.settings(config.load(path, keep=False))
     except HamiError as exc:
         raise click.ClickException(exc.line()) from None
     if state_dir:

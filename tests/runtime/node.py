@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 from tests.conftest import BUILD, LIBVGPU, ROOT, SIM, PidService
 
@@ -200,6 +201,21 @@ class Node:
         proc = self.hamictl("ps", "--json")
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
+
+    def reconcile(self):
+        """What every create and delete does first: free the entries whose
+        container is gone (hamictl ps, gpus and doctor only read the state)."""
+        from hami_runtime.lifecycle import store
+        with store.transaction(str(self.state_dir)):
+            pass
+
+    def released(self, timeout=10):
+        """No allocation left, within `timeout` s (the launcher releases after
+        runc's delete, detached)."""
+        deadline = time.monotonic() + timeout
+        while self.allocations() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.allocations() == {}
 
     def state(self):
         try:

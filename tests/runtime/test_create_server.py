@@ -365,6 +365,7 @@ def test_a_served_create_killed_anywhere_leaks_nothing(served, tmp_path, delay):
     proc.wait(10)
     assert no_requests_in_flight(node)  # a served child finishes what it began
     assert node.ps() == []
+    node.reconcile()
     assert node.allocations() == {}
 
 

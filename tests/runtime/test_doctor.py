@@ -1,6 +1,6 @@
 """hamictl doctor as the node's health check: exit 0 on a healthy node (one
 where nothing was ever allocated included, which it says), 1 only for faults it
-names; notes (what the next allocator operation frees) are no fault."""
+names; notes (what the next create or delete frees) are no fault."""
 import json
 import shutil
 
@@ -29,7 +29,7 @@ def live(node):
 
 def container_gone(node):
     """An entry whose container runc no longer has (its state.json gone, as
-    after a node crash): dead, freed by the next allocator operation."""
+    after a node crash): dead, freed by the next create or delete."""
     root = node.runc_root / "gone"
     root.mkdir(parents=True)
     (root / "state.json").write_text("{}")
@@ -46,7 +46,7 @@ HEALTHY = [
     ("fresh", fresh, "no state dir yet: nothing was ever allocated on this node", None),
     ("live", live, "state is sound, 1 allocation(s)", None),
     ("container-gone", container_gone, "state is sound, 1 allocation(s)",
-     "its container is gone; the next allocator operation frees it"),
+     "its container is gone; the next create or delete frees it"),
 ]
 
 

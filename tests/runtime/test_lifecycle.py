@@ -79,8 +79,11 @@ def test_fifty_racing_creates_never_overcommit(node):
     assert sorted(allocations) == sorted(granted)
     assert sum(d["mem_mib"] for e in allocations.values() for d in e["devices"]) <= 16384
     assert all("room" in o for o in outcomes.values() if o != "ok")
-    # Their creators are gone and no container exists: the next operation frees all.
-    assert node.ps() == [] and os.listdir(node.state_dir / "containers") == []
+    # Their creators are gone and no container exists: ps shows none, the next
+    # create or delete (or doctor --repair) frees all.
+    assert node.ps() == []
+    assert node.hamictl("doctor", "--repair").returncode == 0
+    assert node.allocations() == {} and os.listdir(node.state_dir / "containers") == []
 
 
 def test_sigkill_during_create_leaks_nothing(node, tmp_path):
@@ -101,7 +104,8 @@ def test_sigkill_during_create_leaks_nothing(node, tmp_path):
             time.sleep(delay)
             os.killpg(proc.pid, signal.SIGKILL)  # the runtime and anything it started
             proc.wait(TIMEOUT)
-    assert node.ps() == []
+    assert node.ps() == []  # dead entries are not shown; ps frees nothing
+    assert node.hamictl("doctor", "--repair").returncode == 0  # as the next create or delete, frees them
     assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
     assert sorted(os.listdir(node.state_dir)) == ["activity", "allocations.json", "allocations.lock", "cache",
                                                   "containers", "priority", "private"]
@@ -116,7 +120,9 @@ def test_runc_failing_after_allocation_releases(node):
     bundle = node.bundle("broken", {"hami.io/gpumem": "1000"}, args=("/no/such/program",))
     proc = node.create("broken", bundle)
     assert proc.returncode != 0
-    assert node.ps() == [] and node.allocations() == {}
+    assert node.ps() == []  # dead: not shown; the next create or delete frees it
+    node.reconcile()
+    assert node.allocations() == {}
     assert os.listdir(node.state_dir / "containers") == []
 
 
@@ -130,11 +136,12 @@ def test_state_rebuilt_from_live_bundles(node, damage):
         state.write_text('{"version": 1, "allocations": {"a": ')
     else:
         state.unlink()
-    rows = {r["container"]: r["memory_mib"] for r in node.ps()}
+    rows = {r["container"]: r["memory_mib"] for r in node.ps()}  # as rebuilt; ps writes nothing
     assert rows == {"a": 1000, "b": 2000}
+    assert node.runtime("delete", "a").returncode == 0  # rebuilds, then frees a
     after = node.allocations()
-    assert {k: v["devices"] for k, v in after.items()} == {k: v["devices"] for k, v in before.items()}
-    assert node.runtime("delete", "a").returncode == 0
+    assert {k: v["devices"] for k, v in after.items()} == {k: v["devices"] for k, v in before.items()
+                                                           if k == "b"}
     assert [r["container"] for r in node.ps()] == ["b"]
 
 

