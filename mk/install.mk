@@ -3,9 +3,10 @@
 # packaging/install.py; with it the node agent's systemd unit,
 # $(PREFIX)/lib/systemd/system/hami-agent.service, which make install does not
 # start). DESTDIR stages the same files for packagers; they name
-# PREFIX, and work once copied there. make uninstall leaves the node's config
-# cache (/var/cache/hami, /var/lib/hami/cache-key), which every install shares,
-# and says so.
+# PREFIX, and work once copied there. make uninstall also removes the node's
+# config cache (/var/cache/hami, /var/lib/hami/cache-key: the runtime's own
+# files there, never through a link; NODE_ROOT puts those paths under another
+# root, as the tests do) and names what it leaves.
 PYTHON ?= python3
 SYSCONFDIR ?= /etc
 DEB_PYTHON ?= /usr/bin/python3
@@ -24,7 +25,7 @@ install: build $(if $(SIM),sim)
 
 uninstall:
 	python3 packaging/install_sim.py uninstall $(INSTALL_ARGS)
-	python3 packaging/install.py uninstall $(INSTALL_ARGS)
+	python3 packaging/install.py uninstall $(INSTALL_ARGS) --node-root '$(NODE_ROOT)'
 
 deb: build
 	$(PY) packaging/install.py deb --python '$(DEB_PYTHON)' $(LAUNCHER_BUILD) --out '$(DEB_DIR)' \

@@ -1,7 +1,7 @@
 """make install, make uninstall and make deb: hami-runtime in an environment of its own.
 
   install.py install   --prefix P [--destdir D] [--sysconfdir /etc] [--python python3] --launcher-cc CMD
-  install.py uninstall --prefix P [--destdir D] [--sysconfdir /etc]
+  install.py uninstall --prefix P [--destdir D] [--sysconfdir /etc] [--node-root /]
   install.py deb       [--python /usr/bin/python3] --launcher-cc CMD --maintainer 'N <A>' [--out DIR]
 
 (CMD: the launcher's compile command with its sources, as make has them.)
@@ -26,12 +26,16 @@ every installed file names PREFIX, so a DESTDIR tree works once copied there):
   SYSCONFDIR/hami/config.toml  examples/config.toml, only where none is there,
                           its first line naming the path it is installed at
 
-What the runtime makes on the node as it runs is not the install's, and
-uninstall leaves it, saying so: /var/cache/hami (copies of the validated
-config, kept over a reboot) and /var/lib/hami/cache-key (the key whose MAC
-makes such a copy usable). Every hami-runtime on the node shares them (a
-package, another PREFIX, a source tree): removing them under another would
-only make it validate its config again, and they are useless once none is left.
+What the runtime makes on the node as it runs goes too: the config cache,
+/var/cache/hami (copies of the validated config, kept over a reboot) and
+/var/lib/hami/cache-key (the key whose MAC makes such a copy usable). Every
+hami-runtime on the node shares them (a package, another PREFIX, a source
+tree): one left behind only validates its config again and makes a new key.
+These dirs may be reachable from a container (a hostPath), so only files named
+as the runtime names its own, regular and root's (or ours), are removed, each
+by name in a dir opened without following a link, and a dir only once empty;
+a dir that a user other than root could replace (path_trust) is not touched.
+What is left is named. --node-root puts those paths under another root (tests).
 
 The installed runtime, launcher and hamictl read SYSCONFDIR/hami/config.toml
 when HAMI_CONFIG is unset (the launcher is built with it, config.py's
@@ -43,11 +47,13 @@ replaces files by rename: a running container keeps the libvgpu.so it mapped.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +81,10 @@ DEFAULT_PATH_LINE = re.compile(r'^DEFAULT_PATH = "[^"\n]*"', re.M)
 # the node's config cache: hami_runtime/config_cache.py's PERSISTENT_DIR and KEY_DIR/KEY_FILE
 NODE_CONFIG_CACHE = "/var/cache/hami"
 NODE_CACHE_KEY = "/var/lib/hami/cache-key"
+# the names the runtime gives its files there (config_cache.persistent_path, KEY_FILE,
+# and files.temp_beside's temp files)
+NODE_CACHE_NAMES = re.compile(r"config-[0-9a-f]{16}\.json|\.hami-[0-9]+-[0-9a-f]{12}")
+NODE_KEY_NAMES = re.compile(r"cache-key|\.hami-[0-9]+-[0-9a-f]{12}")
 PROBE = ("import os, platform, sys; print(os.path.realpath(sys.executable)); "
          "print('%d.%d' % sys.version_info[:2]); print(sys.implementation.cache_tag); "
          "print(platform.machine())")
@@ -344,7 +354,58 @@ def ours(layout: Layout, path: Path) -> bool:
         return False
 
 
-def uninstall(layout: Layout) -> None:
+def remove_runtime_files(path: str, names: re.Pattern) -> str:
+    """Removes from the dir at `path` the regular files of root's (or ours) whose
+    names match `names`, by name in the dir opened without following a link,
+    then the dir once empty. '' when all went (or there was nothing), else one
+    line: what was left and why."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from hami_runtime.path_trust import replace_problem  # standard library only
+    try:
+        if not os.path.lexists(path):
+            return ""
+        problem = replace_problem(path)
+        if problem:
+            return f"left {path}: {problem}"
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        link = exc.errno in (errno.ELOOP, errno.ENOTDIR)
+        return f"left {path}: {'not a directory (a symbolic link?)' if link else exc.strerror}"
+    left = []
+    try:
+        for entry in sorted(os.listdir(fd)):
+            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            why = "" if names.fullmatch(entry) else "?"
+            if not why and not stat.S_ISREG(st.st_mode):
+                why = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            elif not why and st.st_uid not in (0, os.geteuid()):
+                why = f"owned by uid {st.st_uid}"
+            if why:
+                left.append(entry if why == "?" else f"{entry} ({why})")
+            else:
+                os.unlink(entry, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if left:
+        return f"left {path}: holds {', '.join(left)}, not the runtime's"
+    try:
+        os.rmdir(path)  # rmdir never follows a link: one swapped in meanwhile stays
+    except OSError as exc:
+        return f"left {path}: {exc.strerror}"
+    return ""
+
+
+def remove_node_cache(node_root: str) -> list:
+    """The node's config cache and its key, under node_root ('' for this node's
+    own paths): what was left, one line each."""
+    cache = node_root + NODE_CONFIG_CACHE
+    key_dir = node_root + os.path.dirname(NODE_CACHE_KEY)
+    return [line for line in (remove_runtime_files(cache, NODE_CACHE_NAMES),
+                              remove_runtime_files(key_dir, NODE_KEY_NAMES)) if line]
+
+
+def uninstall(layout: Layout, node_root: str = "") -> None:
     """Everything install put there (and what an interrupted one left); the
     config only while it is the shipped one."""
     lib = layout.staged(layout.lib)
@@ -391,11 +452,17 @@ def uninstall(layout: Layout) -> None:
             print(f"uninstall: kept {layout.config}: edited")
     print(f"uninstall: hami-runtime removed from {layout.prefix}" if removed else
           f"uninstall: no hami-runtime in {layout.prefix}")
-    node_cache = [p for p in (NODE_CONFIG_CACHE, NODE_CACHE_KEY) if os.path.lexists(p)]
-    if node_cache and not layout.destdir:  # a staged tree has none of the node's
-        print(f"uninstall: left {' and '.join(node_cache)}: the validated config's copies and "
-              "the key that vouches for them, which every hami-runtime on this node shares; "
-              f"once none is left, remove them with: rm -r {' '.join(node_cache)}")
+    if layout.destdir:  # a staged tree has none of the node's
+        return
+    had = [node_root + p for p in (NODE_CONFIG_CACHE, NODE_CACHE_KEY) if os.path.lexists(node_root + p)]
+    left = remove_node_cache(node_root)
+    if had:
+        print(f"uninstall: removed the node's config cache ({' and '.join(had)}; another "
+              "hami-runtime on this node validates its config again)" if not left else
+              "uninstall: removed what the runtime made of the node's config cache ("
+              f"{' and '.join(had)}), except:")
+    for line in left:
+        print(f"uninstall: {line}")
 
 
 def glibc_needed(tree: Path) -> str:
@@ -459,13 +526,17 @@ def main(argv=None) -> int:
     parser.add_argument("--build", default=str(ROOT / "build"))
     parser.add_argument("--out", default="")
     parser.add_argument("--maintainer", default="")
+    parser.add_argument("--node-root", default="")
     args = parser.parse_args(argv)
     if args.action != "uninstall" and not args.launcher_cc:
         parser.error("--launcher-cc: needed to build the launcher")
     build = Path(args.build).resolve()
     try:
         if args.action == "uninstall":
-            uninstall(Layout(args.prefix, args.destdir, args.sysconfdir))
+            if args.node_root and not SAFE_PATH.fullmatch(args.node_root):
+                raise InstallError("NODE_ROOT", args.node_root, "must be an absolute path of letters, "
+                                   "digits and ._+@/-")
+            uninstall(Layout(args.prefix, args.destdir, args.sysconfdir), args.node_root.rstrip("/"))
         elif args.action == "install":
             layout = Layout(args.prefix, args.destdir, args.sysconfdir)
             install(layout, Interpreter(args.python), args.launcher_cc, build)

@@ -15,6 +15,10 @@ from tests.runtime.node import Node, TIMEOUT
 DISTRO_PYTHON = Path("/usr/bin/python3")
 DISTRO_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"  # the distribution's python3 first
 MAKE_TIMEOUT = 300
+# uninstall removes the node's config cache (/var/cache/hami, /var/lib/hami) under
+# NODE_ROOT: here one that never exists, so no test removes the host's; a test of
+# that removal names its own
+NO_NODE_ROOT = str(ROOT / "build" / "tests-no-node-root")
 
 
 def make(*args, env=None, wrap=()):
@@ -23,7 +27,8 @@ def make(*args, env=None, wrap=()):
     these tests is never remade (-o): its python3 is not this PATH's."""
     if not DISTRO_PYTHON.exists():
         pytest.skip("no distribution python3 at /usr/bin/python3")
-    clean = {"PATH": DISTRO_PATH, "HOME": os.environ.get("HOME", "/root"), **(env or {})}
+    clean = {"PATH": DISTRO_PATH, "HOME": os.environ.get("HOME", "/root"), "NODE_ROOT": NO_NODE_ROOT,
+             **(env or {})}
     argv = ["make", "--no-print-directory", "-C", str(ROOT), "-o", ".venv/.installed"]
     proc = subprocess.run(list(wrap) + argv + list(args),
                           env=clean, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -42,8 +47,8 @@ class Install:
         self.bin = self.prefix / "bin"
         self.config = self.sysconfdir / "hami" / "config.toml"
 
-    def make(self, target="install", wrap=()):
-        proc = make(target, f"PREFIX={self.prefix}", f"SYSCONFDIR={self.sysconfdir}", wrap=wrap)
+    def make(self, target="install", wrap=(), args=()):
+        proc = make(target, f"PREFIX={self.prefix}", f"SYSCONFDIR={self.sysconfdir}", *args, wrap=wrap)
         assert proc.returncode == 0, proc.stdout[-4000:]
         self.output = proc.stdout
         return proc.stdout

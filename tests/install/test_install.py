@@ -119,11 +119,8 @@ def check_gpu_container(installed, node, hook):
     assert node.runtime("kill", "c1", "KILL").returncode == 0
     assert node.runtime("delete", "--force", "c1").returncode == 0
     assert node.containers() == []
-    for _ in range(100):  # the launcher's release runs detached after runc's delete
-        if node.ps() == []:
-            break
-        subprocess.run(["sleep", "0.1"], check=True)
-    assert node.ps() == [] and node.allocations() == {}
+    assert node.released()  # the launcher's release runs detached after runc's delete
+    assert node.ps() == []
     assert os.listdir(node.state_dir / "containers") == os.listdir(node.state_dir / "private") == []
     gpus = json.loads(node.hamictl("gpus", "--json").stdout)
     assert (gpus[0]["slots_used"], gpus[0]["memory_allocated_mib"]) == (0, 0)
@@ -157,48 +154,129 @@ def test_reinstall_upgrades_in_place_offline(installed, node):
     assert naming(installed.prefix, str(ROOT)) == []
 
 
+def plant_node_cache(node_root):
+    """The node's config cache as the runtime leaves it: entries, a killed
+    writer's temp file, the key."""
+    cache, key_dir = node_root / "var" / "cache" / "hami", node_root / "var" / "lib" / "hami"
+    cache.mkdir(parents=True)
+    key_dir.mkdir(parents=True, mode=0o700)
+    for name in ("config-0123456789abcdef.json", "config-fedcba9876543210.json", ".hami-42-0123456789ab"):
+        (cache / name).write_text("{}")
+    (key_dir / "cache-key").write_bytes(b"k" * 32)
+    (key_dir / "cache-key").chmod(0o600)
+    return cache, key_dir
+
+
 @pytest.mark.parametrize("edit,config_left", [(False, False), (True, True)])
 def test_uninstall_leaves_nothing(tmp_path, edit, config_left):
-    """Every file make install wrote is removed; the config only while it is
-    the shipped one (an operator's edits stay)."""
+    """Every file make install wrote is removed, and the node's config cache the
+    runtime made; the config only while it is the shipped one (an operator's
+    edits stay)."""
     inst = Install(tmp_path)
     inst.make()
     if edit:
         inst.config.write_text(inst.config.read_text() + 'log_level = "debug"\n')
-    out = inst.make("uninstall")
+    cache, key_dir = plant_node_cache(tmp_path / "node")
+    out = inst.make("uninstall", args=[f"NODE_ROOT={tmp_path / 'node'}"])
     assert files_under(inst.prefix) == []
     assert not inst.lib.exists()
     assert inst.config.exists() == config_left
     assert ("kept" in out) == config_left
+    assert not cache.exists() and not key_dir.exists()
+    assert f"uninstall: removed the node's config cache ({cache} and {key_dir}/cache-key; " in out
 
 
-def test_uninstall_says_what_it_leaves_of_the_node(tmp_path, monkeypatch, capsys):
-    """The node's config cache and its key are the runtime's, shared by every
-    install on the node: uninstall leaves them, naming them and why; a staged
-    (DESTDIR) tree has none of them to speak of."""
-    import importlib.util
+def foreign_file(cache, key_dir, victim):
+    (cache / "notes.txt").write_text("the operator's")
 
+
+def linked_entry(cache, key_dir, victim):
+    (cache / "config-0000000000000000.json").symlink_to(victim)
+
+
+def foreign_owner(cache, key_dir, victim):
+    os.chown(cache / "config-0123456789abcdef.json", 4242, 4242)
+
+
+def a_subdir(cache, key_dir, victim):
+    (cache / "config-1111111111111111.json").mkdir()
+
+
+def linked_cache_dir(cache, key_dir, victim):
+    for path in cache.iterdir():
+        path.unlink()
+    cache.rmdir()
+    cache.symlink_to(victim.parent)
+
+
+def linked_key(cache, key_dir, victim):
+    (key_dir / "cache-key").unlink()
+    (key_dir / "cache-key").symlink_to(victim)
+
+
+def key_dir_writable(cache, key_dir, victim):
+    key_dir.chmod(0o777)
+
+
+def other_key_file(cache, key_dir, victim):
+    (key_dir / "other").write_text("not ours")
+
+
+UNINSTALL_CACHE = [
+    # (what is there besides the runtime's files, paths that stay, what is said of them)
+    (None, [], []),
+    (foreign_file, ["var/cache/hami/notes.txt"], ["left {cache}: holds notes.txt, not the runtime's"]),
+    (linked_entry, ["var/cache/hami/config-0000000000000000.json"],
+     ["left {cache}: holds config-0000000000000000.json (a symbolic link), not the runtime's"]),
+    (foreign_owner, ["var/cache/hami/config-0123456789abcdef.json"],
+     ["left {cache}: holds config-0123456789abcdef.json (owned by uid 4242), not the runtime's"]),
+    (a_subdir, ["var/cache/hami/config-1111111111111111.json"],
+     ["left {cache}: holds config-1111111111111111.json (not a regular file), not the runtime's"]),
+    (linked_cache_dir, ["var/cache/hami"], ["left {cache}: not a directory (a symbolic link?)"]),
+    (linked_key, ["var/lib/hami/cache-key"], ["left {key_dir}: holds cache-key (a symbolic link), not the runtime's"]),
+    (key_dir_writable, ["var/lib/hami/cache-key"],
+     ["left {key_dir}: {key_dir} is writable by group or others"]),
+    (other_key_file, ["var/lib/hami/other"], ["left {key_dir}: holds other, not the runtime's"]),
+]
+
+
+@pytest.mark.parametrize("plant,stays,said", UNINSTALL_CACHE,
+                         ids=[p.__name__ if p else "ours-only" for p, _, _ in UNINSTALL_CACHE])
+def test_uninstall_removes_the_node_cache_and_nothing_else(tmp_path, capsys, plant, stays, said):
+    """The node's config cache and its key go with the install: only files named
+    as the runtime names its own, regular and root's, each removed by name in a
+    dir opened without following a link (a hostPath could reach these dirs);
+    a dir goes once empty; what is left is named. A staged (DESTDIR) tree has
+    none of the node's."""
     from hami_runtime import config_cache
-    spec = importlib.util.spec_from_file_location("install_py", ROOT / "packaging" / "install.py")
-    install_py = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(install_py)
+    install_py = load_install_py()
     assert install_py.NODE_CONFIG_CACHE == config_cache.PERSISTENT_DIR
     assert install_py.NODE_CACHE_KEY == os.path.join(config_cache.KEY_DIR, config_cache.KEY_FILE)
-    cache, key = tmp_path / "var-cache-hami", tmp_path / "var-lib-hami" / "cache-key"
-    monkeypatch.setattr(install_py, "NODE_CONFIG_CACHE", str(cache))
-    monkeypatch.setattr(install_py, "NODE_CACHE_KEY", str(key))
+    node = tmp_path / "node"
+    victim = tmp_path / "victim" / "config-2222222222222222.json"
+    victim.parent.mkdir()
+    victim.write_text("keep me")
+    cache, key_dir = plant_node_cache(node)
+    if plant:
+        plant(cache, key_dir, victim)
     layout = install_py.Layout(str(tmp_path / "prefix"), "", str(tmp_path / "etc"))
-    install_py.uninstall(layout)
-    assert "left" not in capsys.readouterr().out  # nothing of the node's there
-    cache.mkdir()
-    key.parent.mkdir()
-    key.write_bytes(b"k" * 32)
-    install_py.uninstall(layout)
-    assert f"uninstall: left {cache} and {key}: " in capsys.readouterr().out
-    assert cache.is_dir() and key.is_file()
     install_py.uninstall(install_py.Layout(str(tmp_path / "prefix"), str(tmp_path / "stage"),
-                                           str(tmp_path / "etc")))
-    assert "left" not in capsys.readouterr().out
+                                           str(tmp_path / "etc")), str(node))
+    assert "config cache" not in capsys.readouterr().out and os.path.lexists(key_dir / "cache-key")
+    install_py.uninstall(layout, str(node))
+    out = capsys.readouterr().out.splitlines()
+    assert victim.read_text() == "keep me" and sorted(os.listdir(victim.parent)) == [victim.name]
+    left = sorted(str(p.relative_to(node)) for p in node.rglob("*")
+                  if not p.is_dir() or p.is_symlink() or not any(p.iterdir()))
+    assert left == sorted(["var/cache", "var/lib"] if not stays else
+                          stays + [d for d in ("var/cache", "var/lib")
+                                                if not any(x.startswith(d + "/") for x in stays)])
+    assert [x for x in out if x.startswith("uninstall: left ")] == \
+        [f"uninstall: {x.format(cache=cache, key_dir=key_dir)}" for x in said]
+    install_py.uninstall(layout, str(node))  # again: nothing more to do, the same said
+    again = capsys.readouterr().out.splitlines()
+    assert [x for x in again if x.startswith("uninstall: left ")] == \
+        [f"uninstall: {x.format(cache=cache, key_dir=key_dir)}" for x in said]
 
 
 def load_install_py():
