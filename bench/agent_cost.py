@@ -33,7 +33,7 @@ from sim_runtime import ROOT
 
 sys.path.insert(0, str(ROOT))
 from hami_runtime.files import process_start  # noqa: E402
-from hami_runtime.lifecycle import state_layout  # noqa: E402
+from hami_runtime.lifecycle.node_state import state_layout  # noqa: E402
 from hami_runtime.node import agent_state, cgroups  # noqa: E402
 
 SIM = ROOT / "build" / "sim"

@@ -27,7 +27,7 @@ from stats import percentile
 
 sys.path.insert(0, str(ROOT))
 from hami_runtime.files import process_start  # noqa: E402
-from hami_runtime.lifecycle import container_files, state_layout  # noqa: E402
+from hami_runtime.lifecycle.node_state import container_files, state_layout  # noqa: E402
 from hami_runtime.node import region  # noqa: E402
 from hami_runtime.node.region import DeviceLimit  # noqa: E402
 

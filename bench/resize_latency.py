@@ -36,7 +36,7 @@ def hold(config, root, bundle, cid, ready, done):
     """The create path, then stay alive: the allocation lives while its creator does."""
     os.environ["HAMI_CONFIG"] = config
     from hami_runtime import argv, config as config_mod
-    from hami_runtime.lifecycle import create
+    from hami_runtime.lifecycle.commands import create
     create.prepare(config_mod.load(), argv.parse(["--root", root, "create", "--bundle", bundle, cid]))
     ready.set()
     done.wait(600)
@@ -110,7 +110,8 @@ def main() -> int:
         if not ready.wait(60):
             raise RuntimeError("the create path did not finish")
         from hami_runtime import config as config_mod
-        from hami_runtime.lifecycle import resize, state_layout
+        from hami_runtime.lifecycle.commands import resize
+        from hami_runtime.lifecycle.node_state import state_layout
         from hami_runtime.tools import update
         name = state_layout.alloc_name(str(work / "runc"), "resized")
         probe = Probe(work / "state", name, work / "sim.state")

@@ -27,9 +27,9 @@ MEM_MIB = 1500
 def one(config, root, bundle, cid, start, results, hold):
     os.environ["HAMI_CONFIG"] = config
     from hami_runtime import argv, config as config_mod
-    from hami_runtime.lifecycle import create
+    from hami_runtime.lifecycle.commands import create
     from hami_runtime.errors import HamiError
-    import hami_runtime.lifecycle.requests, hami_runtime.node.discovery, hami_runtime.node.region  # noqa: F401 (load first)
+    import hami_runtime.lifecycle.request.requests, hami_runtime.node.discovery, hami_runtime.node.region  # noqa: F401 (load first)
     inv = argv.parse(["--root", root, "create", "--bundle", bundle, cid])
     cfg = config_mod.load()
     start.wait()

@@ -74,7 +74,7 @@ def first_tenth(tenths: list[float], after: float, ok) -> float:
 
 
 def priority_load(work: Path, name: str, high: bool) -> Load:
-    """A container on the priority board (as hami_runtime/lifecycle/boards.py makes it)."""
+    """A container on the priority board (as hami_runtime/lifecycle/node_state/boards.py makes it)."""
     board = work / "board" / sm_load.CARD_UUID
     board.mkdir(parents=True, exist_ok=True)
     load = Load(region=work / f"{name}.region", env=(

@@ -59,7 +59,8 @@ def check_mounts(state_dir: str, name: str, cid: str, pid: int, options: dict) -
     """'' when the container's mounts hold the slice (rootfs.mounted_problem), else
     the line that refuses its create (the C hook's own words)."""
     import os
-    from hami_runtime.lifecycle import rootfs, state_layout
+    from hami_runtime.lifecycle.spec_edit import rootfs
+    from hami_runtime.lifecycle.node_state import state_layout
     private = state_layout.private_dir(state_dir, name)
     for path in (os.path.dirname(private), private):
         if not os.path.isdir(path) or os.path.islink(path):
@@ -74,7 +75,7 @@ def check_mounts(state_dir: str, name: str, cid: str, pid: int, options: dict) -
 
 
 def main(argv=None) -> int:
-    from hami_runtime.lifecycle import state_layout, store
+    from hami_runtime.lifecycle.node_state import state_layout, store
     from hami_runtime.errors import HamiError
     from hami_runtime.ids import check_container_id
 

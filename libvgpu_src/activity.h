@@ -1,7 +1,7 @@
 /*
  * What the containers on one GPU tell each other, through boards the host owns.
  *
- * Host side (hami_runtime/lifecycle/boards.py): every GPU container has one
+ * Host side (hami_runtime/lifecycle/node_state/boards.py): every GPU container has one
  * activity stamp per GPU it was granted, a small file in its own read-write
  * region dir (runtime: HAMI_RUNTIME_STAMP_DIR/<gpu uuid>; bare use:
  * CUDA_ACTIVITY_STAMP_DIR). Two boards, mounted read-only into every GPU

@@ -68,7 +68,7 @@
 
 #include <stdint.h>
 
-/* Where the runtime puts them in a container (hami_runtime/lifecycle/modifiers.py
+/* Where the runtime puts them in a container (hami_runtime/lifecycle/spec_edit/modifiers.py
  * says the same; a test checks that they agree). */
 #define HAMI_RUNTIME_LIBVGPU "/.hami/libvgpu.so"
 #define HAMI_LIMITS_PATH "/.hami/limits"

@@ -57,11 +57,11 @@ LAUNCHER_HDR := hami_runtime/launcher/config.h hami_runtime/launcher/hook.h \
 LAUNCHER_KEYS := $(BUILD)/launcher/spec_keys.h
 LAUNCHER_CC := $(CC) -O2 -Wall -Wextra -Werror -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden \
 	-I$(abspath $(BUILD))/launcher
-$(LAUNCHER_KEYS): hami_runtime/lifecycle/launcher_keys.py hami_runtime/lifecycle/request_keys.py \
-		hami_runtime/lifecycle/docker_gpus.py | $(VENV)/.installed
+$(LAUNCHER_KEYS): hami_runtime/lifecycle/request/launcher_keys.py hami_runtime/lifecycle/request/request_keys.py \
+		hami_runtime/lifecycle/request/docker_gpus.py | $(VENV)/.installed
 	@mkdir -p $(dir $@)
 	$(PY) -I -c 'import sys; sys.path.insert(0, "."); \
-		from hami_runtime.lifecycle import launcher_keys; launcher_keys.main(sys.argv[1:])' $@
+		from hami_runtime.lifecycle.request import launcher_keys; launcher_keys.main(sys.argv[1:])' $@
 $(BUILD)/hami-runtime: $(LAUNCHER_SRC) $(LAUNCHER_HDR) $(LAUNCHER_KEYS) | $(VENV)/.installed
 	@mkdir -p $(dir $@)
 	@pypath="$(abspath .):$$($(PY) -I -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \

@@ -109,7 +109,7 @@ def device0() -> dict:
 def container_env(workdir: Path, name: str, uuid: str, board: Path = None) -> dict:
     """One container's env in bare use: a region of its own (so its processes share a limit and
     no one else's); with `board`, its activity stamp for `uuid`, linked on that activity board,
-    as the runtime does (hami_runtime/lifecycle/boards.py): `default` then holds the share only
+    as the runtime does (hami_runtime/lifecycle/node_state/boards.py): `default` then holds the share only
     while another container on the board works."""
     env = {"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(workdir / f"{name}.region")}
     if board is not None:

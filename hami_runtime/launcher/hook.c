@@ -17,7 +17,7 @@
  * launcher: hami-runtime delete frees the allocation, as does any later
  * allocator transaction (runc removes the container's state before poststop).
  *
- * The check (hami_runtime/lifecycle/rootfs.py mounted_problem is the same, with
+ * The check (hami_runtime/lifecycle/spec_edit/rootfs.py mounted_problem is the same, with
  * the same lines): runc runs this hook on the host while its init, the state's
  * pid, waits in the container's mount namespace with every mount made and the
  * root not yet pivoted, so /proc/<pid>/root + ROOT is the container's tree.
@@ -170,7 +170,7 @@ static int parse_state(const char *text, size_t len, char *id, size_t id_size, l
     return have_id ? 0 : -2;
 }
 
-/* The root key: 16 lowercase hex digits (hami_runtime/lifecycle/store.py root_key). */
+/* The root key: 16 lowercase hex digits (hami_runtime/lifecycle/node_state/store.py root_key). */
 static int valid_root_key(const char *key)
 {
     if (strlen(key) != 16)

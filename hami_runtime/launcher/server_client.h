@@ -1,4 +1,4 @@
-/* The launcher's side of the create server (hami_runtime/lifecycle/create_server.py). */
+/* The launcher's side of the create server (hami_runtime/lifecycle/serving/create_server.py). */
 #ifndef HAMI_LAUNCHER_SERVER_CLIENT_H
 #define HAMI_LAUNCHER_SERVER_CLIENT_H
 

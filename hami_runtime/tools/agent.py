@@ -244,7 +244,7 @@ class Containers:
         self._key = None
 
     def _entries(self) -> Dict[str, dict]:
-        from ..lifecycle import store
+        from ..lifecycle.node_state import store
         path = os.path.join(self.state_dir, store.STATE_FILE)
         try:
             key = file_key(path, os.stat(path))
@@ -269,7 +269,7 @@ class Containers:
         """(the container's first process on the host, why not: 0 and "stopped"
         where it is gone or runc's state says the process with that pid is no
         longer it, 0 and a reason where no pid is recorded)."""
-        from ..lifecycle import state_layout, store
+        from ..lifecycle.node_state import state_layout, store
         pid = state_layout.container_pid(self.state_dir, name, entry)
         if pid <= 0:
             return 0, "no host pid recorded for its first process"
@@ -580,7 +580,7 @@ def agent_command(ctx, state_dir: Optional[str], driver_timeout: float, ticks: O
     """Hold each GPU container to its slice by the driver's count, until SIGTERM/SIGINT."""
     from .. import config
     from ..errors import HamiError
-    from ..lifecycle import state_layout
+    from ..lifecycle.node_state import state_layout
     try:
         cfg = config.load(ctx.find_root().obj.get("config_path"))
         state_dir = state_dir or cfg.state_dir

@@ -32,7 +32,7 @@ import click
 
 from ..errors import HamiError
 from ..files import read_state_file
-from ..lifecycle import allocator, state_layout, store
+from ..lifecycle.node_state import allocator, state_layout, store
 from ..path_trust import STATE_DIR_MODE, replace_problem
 from . import display_text, json_output
 
@@ -273,7 +273,7 @@ def check_visible_devices_alone(cfg, gpus, checks: List[tuple]) -> None:
     if policy == "whole":
         checks.append((name, 'every GPU, whole (config visible_devices_alone = "whole")'))
         return
-    from ..lifecycle import allocator
+    from ..lifecycle.node_state import allocator
     whole = [g for g in gpus if not g.is_mig and not g.mig_mode]
     if cfg.default_memory_mib:
         what = f"{cfg.default_memory_mib} MiB of each GPU"
@@ -295,7 +295,7 @@ def check_server(cfg, checks: List[tuple]) -> None:
     fault: the next GPU create starts it)."""
     import socket
     import struct
-    from ..lifecycle import create_server
+    from ..lifecycle.serving import create_server
     if not cfg.create_server_idle_s:
         checks.append(("create server", "off (config create_server_idle_s = 0)"))
         return

@@ -31,7 +31,7 @@ def state_now(cfg):
     entries, which the next create, delete or `hamictl doctor --repair` frees,
     are not shown; each invalid entry is reported on stderr, and so is a state
     file that is not one (then what the next create rebuilds is shown)."""
-    from ..lifecycle import store
+    from ..lifecycle.node_state import store
     try:
         state = store.snapshot(cfg.state_dir)
     except store.NotAStateFile as exc:
@@ -102,7 +102,7 @@ def config_read() -> str:
 def gpus(ctx, as_json):
     """GPUs and MIG instances (GPU:MIG): index, UUID, model, memory, slots used,
     memory and cores allocated."""
-    from ..lifecycle import allocator
+    from ..lifecycle.node_state import allocator
     from ..node import discovery
     cfg = _config(ctx.obj["config_path"])
     found = discovery.load_gpus(cfg.nvml_library)
@@ -159,7 +159,7 @@ def gpus(ctx, as_json):
 def ps(ctx, as_json):
     """Allocations: container, GPU, memory, cores, PID (and, while the node agent
     runs, what it found: over slice, frozen, killed N)."""
-    from ..lifecycle import state_layout
+    from ..lifecycle.node_state import state_layout
     from ..node import agent_state
     from .node_view import container_meta, enforcement_of, identity_of, shown_name
     cfg = _config(ctx.obj["config_path"])

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional
 
-from ..lifecycle.request_keys import ENV_KEYS, VISIBLE
+from ..lifecycle.request.request_keys import ENV_KEYS, VISIBLE
 from ..node.gpu import GpuInfo
 from . import display_text
 
@@ -124,7 +124,7 @@ class AllocatorView:
 
 def read_allocator(state_dir: str, alive=None) -> AllocatorView:
     from ..files import read_state_file
-    from ..lifecycle import store
+    from ..lifecycle.node_state import store
     alive = alive or store.entry_alive
     path = os.path.join(state_dir, store.STATE_FILE)
     if not os.path.lexists(path):
@@ -302,7 +302,7 @@ class GpuView:
 def container_pids(state_dir: str, allocator: AllocatorView, containers: Iterable) -> set:
     """Host pids of every process a container's region counts, and of every
     container's first process."""
-    from ..lifecycle import state_layout
+    from ..lifecycle.node_state import state_layout
     pids = {p.host_pid for c in containers for p in c.processes
             if p.host_pid > 0 and p.alive is not False}
     for name, entry in allocator.entries.items():
@@ -318,7 +318,7 @@ def container_pids(state_dir: str, allocator: AllocatorView, containers: Iterabl
 def gpu_views(inventory: List[GpuInfo], allocator: AllocatorView, driver: DriverReading,
               in_slices: set, split_count: int, memory_scaling: float) -> List[GpuView]:
     """One view per GPU the inventory lists (and per GPU only the allocator names)."""
-    from ..lifecycle import allocator as alloc
+    from ..lifecycle.node_state import allocator as alloc
     views: Dict[str, GpuView] = {}
     for gpu in inventory:
         cap = alloc.capacity(gpu, split_count, memory_scaling)

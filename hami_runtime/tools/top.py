@@ -2,7 +2,7 @@
 
 Each container the runtime gave a GPU has its limits (<state_dir>/private/<id>@<root key>/limits)
 and its region (<state_dir>/containers/<id>@<root key>/vgpu.region), where libvgpu keeps its
-counters; both are opened as lifecycle/container_files.py says (never through a link the
+counters; both are opened as lifecycle/node_state/container_files.py says (never through a link the
 container planted; a region it replaced is shown as that container's error). Memory is read as it is; SM use is the
 measured kernel time over a short interval (two reads `interval` apart), and a
 container is "throttled" / "paused" when its launches spent time in that interval
@@ -93,7 +93,7 @@ def region_files(state_dir: str) -> Dict[str, str]:
     whose region the runtime has made (a create still writing it is left out; a
     region removed from inside is not, and shows as that container's error); a
     symlinked containers/ is not read."""
-    from ..lifecycle import container_files, state_layout, store
+    from ..lifecycle.node_state import container_files, state_layout, store
     region = region_module()
     try:
         fd = state_layout.subdir_fd(state_dir, "containers")
@@ -122,7 +122,7 @@ def allocator_records(state_dir: str) -> Dict[str, dict]:
     its lock (the file is replaced atomically) and without its checks (each
     field read is checked where it is used). {} when the state cannot be read."""
     from ..files import read_state_file
-    from ..lifecycle import store
+    from ..lifecycle.node_state import store
     try:
         data = json.loads(read_state_file(os.path.join(state_dir, store.STATE_FILE),
                                           store.MAX_STATE_BYTES))
@@ -136,7 +136,7 @@ def allocator_records(state_dir: str) -> Dict[str, dict]:
 def runc_roots(state_dir: str, records: Optional[Dict[str, dict]] = None) -> Dict[str, str]:
     """allocation name -> runc root, as the allocator state says; a root is taken
     only where it hashes to the name's root key."""
-    from ..lifecycle import state_layout
+    from ..lifecycle.node_state import state_layout
     records = allocator_records(state_dir) if records is None else records
     roots = {}
     for name, entry in records.items():
@@ -150,7 +150,7 @@ def runc_roots(state_dir: str, records: Optional[Dict[str, dict]] = None) -> Dic
 def split_name(name: str) -> Tuple[str, str]:
     """(container id, root key) of a container dir's name; a name that is not a
     well-formed allocation name is all id."""
-    from ..lifecycle import state_layout, store
+    from ..lifecycle.node_state import state_layout, store
     try:
         return state_layout.check_name(name)
     except store.HamiError:
@@ -158,7 +158,7 @@ def split_name(name: str) -> Tuple[str, str]:
 
 
 def read_container(state_dir: str, name: str, path: str, runc_root: str = "") -> ContainerView:
-    from ..lifecycle import container_files, store
+    from ..lifecycle.node_state import container_files, store
     region = region_module()
     cid, key = split_name(name)
     view = ContainerView(id=cid, region=path, name=name, root_key=key, runc_root=runc_root)

@@ -2,7 +2,7 @@
 core policy, priority) without restarting it.
 
 One allocator transaction: the record is checked and changed under the node
-lock (lifecycle/resize.py decides), the state file is written, and only then,
+lock (lifecycle/commands/resize.py decides), the state file is written, and only then,
 the lock still held, the container's limits file (host-only, read-only inside)
 gets the new limits in place (one store per field, region.h). libvgpu reads the
 limits live, so every process of the container follows at its next allocation,
@@ -21,7 +21,8 @@ import click
 
 from .. import config as config_mod
 from ..errors import HamiError
-from ..lifecycle import allocator, container_files, resize, state_layout, store
+from ..lifecycle.node_state import allocator, container_files, state_layout, store
+from ..lifecycle.commands import resize
 from ..policies import CORE_POLICIES
 from . import json_output
 
@@ -32,7 +33,7 @@ def apply_priority(state, name: str, entry: dict, priority: int, limits) -> None
     """The one place a priority change goes through: the record now; once it is
     committed, the host's priority board (what libvgpu follows: one link or
     unlink per GPU) and the limits' priority field (what views show)."""
-    from ..lifecycle import boards
+    from ..lifecycle.node_state import boards
     entry["priority"] = priority
     uuids = [d["uuid"] for d in entry["devices"]]
     state.after_commit.append(lambda: boards.set_priority(state.state_dir, name, uuids, priority))

@@ -67,7 +67,7 @@ def container_stamp(region: Path) -> Path:
 def container_boards(region: Path, sim_state: Path) -> tuple[tuple[str, str], ...]:
     """The container's stamp, linked on the activity board of its machine (one board
     per state file: the reference's machine has a card 0 of its own), as
-    hami_runtime/lifecycle/boards.py does; the env that points libvgpu at them."""
+    hami_runtime/lifecycle/node_state/boards.py does; the env that points libvgpu at them."""
     board = region.parent / f"activity-{sim_state.stem}" / CARD_UUID
     board.mkdir(parents=True, exist_ok=True)
     stamp = container_stamp(region)

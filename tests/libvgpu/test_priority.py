@@ -1,6 +1,6 @@
 """Priority on the simulated GPU, through the real libvgpu.so, bare (the test
 plays the host: it makes the boards and the stamps in a tmp dir, as
-hami_runtime/lifecycle/boards.py does).
+hami_runtime/lifecycle/node_state/boards.py does).
 
 A low-priority spin loop runs alone at the full rate, nearly stops while a
 high-priority process works on the same GPU, and resumes once that one has been

@@ -3,7 +3,7 @@ container's files as the runtime does; scrapes the metrics without a server."""
 import mmap
 from contextlib import contextmanager
 
-from hami_runtime.lifecycle import container_files, state_layout
+from hami_runtime.lifecycle.node_state import container_files, state_layout
 from hami_runtime.node import region
 
 

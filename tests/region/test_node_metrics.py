@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_runtime.files import process_start
-from hami_runtime.lifecycle.state_layout import alloc_name, root_key
+from hami_runtime.lifecycle.node_state.state_layout import alloc_name, root_key
 from hami_runtime.node import region
 from hami_runtime.node.region import DeviceLimit
 from hami_runtime.tools import node_view

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from click.testing import CliRunner
 
-from hami_runtime.lifecycle.state_layout import alloc_name, root_key
+from hami_runtime.lifecycle.node_state.state_layout import alloc_name, root_key
 from hami_runtime.tools import metrics, top
 from hami_runtime.node import region
 from hami_runtime.node.region import DeviceLimit

@@ -205,7 +205,7 @@ class Node:
     def reconcile(self):
         """What every create and delete does first: free the entries whose
         container is gone (hamictl ps, gpus and doctor only read the state)."""
-        from hami_runtime.lifecycle import store
+        from hami_runtime.lifecycle.node_state import store
         with store.transaction(str(self.state_dir)):
             pass
 

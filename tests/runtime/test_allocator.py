@@ -2,8 +2,8 @@
 import pytest
 
 from hami_runtime.errors import HamiError
-from hami_runtime.lifecycle.allocator import allocate
-from hami_runtime.lifecycle.requests import parse
+from hami_runtime.lifecycle.node_state.allocator import allocate
+from hami_runtime.lifecycle.request.requests import parse
 from hami_runtime.node.gpu import GpuInfo
 
 GPUS = [GpuInfo(0, "GPU-0", "NVIDIA A100-SXM4-40GB", 40960, 0),

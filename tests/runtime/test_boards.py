@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hami_runtime.errors import HamiError
-from hami_runtime.lifecycle import boards, container_files, state_layout, store
+from hami_runtime.lifecycle.node_state import boards, container_files, state_layout, store
 
 UUID_A = "GPU-453c5d90-9eaf-43fa-be71-c8ae8fc44d65"
 UUID_B = "GPU-da942c99-406e-4954-8dfc-5fec34eaffef"

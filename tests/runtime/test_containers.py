@@ -167,7 +167,7 @@ def test_containers_starting_together_are_each_charged_their_own_context(node):
     once, not its neighbours' too (the driver's count names processes by host pid,
     which a container cannot see: the creations are serialised across containers,
     so each one sees only its own process appear)."""
-    from hami_runtime.lifecycle import container_files, state_layout
+    from hami_runtime.lifecycle.node_state import container_files, state_layout
     node.simulate(context_us=200000)
     context = 300 << 20  # the simulated driver's context_mib
     context_at = time.monotonic_ns() + int(2e9)

@@ -24,7 +24,7 @@ def test_a_library_listed_twice_is_mounted_once():
     """A merged /usr's ld cache lists each driver library under /lib and /usr/lib:
     one mount each, where the cache lists it first; another name of the same file
     (libcuda.so beside libcuda.so.1) keeps its own."""
-    from hami_runtime.lifecycle.create import distinct_files
+    from hami_runtime.lifecycle.commands.create import distinct_files
     from hami_runtime.node.discovery import DriverFile
     real = "/usr/lib/x86_64-linux-gnu/libcuda.so.575.57.08"
     files = [DriverFile(real, "/lib/x86_64-linux-gnu/libcuda.so.1", "compute"),

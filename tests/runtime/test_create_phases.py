@@ -13,7 +13,7 @@ from .node import LAUNCHER
 from .test_create_server import answering, configure, create, no_requests_in_flight, released
 
 GPU = {"hami.io/gpumem": "100", "hami.io/gpucores": "30"}
-# what a create that allocates does, in order (lifecycle/command.py, create.py)
+# what a create that allocates does, in order (lifecycle/serving/command.py, create.py)
 PYTHON_PHASES = ["config", "spec_read", "request", "checks", "gpus", "majors", "driver_files", "allocation",
                  "host_files", "injection", "spec_edit", "spec_write", "log"]
 LINE = re.compile(r" debug pid=\d+ create (\S+) phases: (.*) total=([\d.]+)ms(.*)$")

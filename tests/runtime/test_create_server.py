@@ -1,4 +1,4 @@
-"""The create server (hami_runtime/lifecycle/create_server.py): started by the
+"""The create server (hami_runtime/lifecycle/serving/create_server.py): started by the
 launcher, it serves later GPU creates as their own Python would, to the
 launcher's process (its pid, stdio, cwd, env), and steps aside whenever it
 cannot: through the real launcher and real runc on the simulated GPU."""
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import create_server
+from hami_runtime.lifecycle.serving import create_server
 from tests.conftest import has_children, processes_with_env
 
 from .node import LAUNCHER

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import create_server
+from hami_runtime.lifecycle.serving import create_server
 
 from .node import LAUNCHER
 from .test_create_server import (GPU, answering, create, ended, no_requests_in_flight, served,  # noqa: F401

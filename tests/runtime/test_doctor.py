@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from hami_runtime.lifecycle import state_layout, store
+from hami_runtime.lifecycle.node_state import state_layout, store
 from tests.conftest import ROOT
 
 GPU = {"hami.io/gpumem": "1000"}

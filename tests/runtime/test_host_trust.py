@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hami_runtime import config_cache
-from hami_runtime.lifecycle import state_layout
+from hami_runtime.lifecycle.node_state import state_layout
 from tests.runtime.node import LAUNCHER, RUNC
 from tests.runtime.test_config_cache import settle
 

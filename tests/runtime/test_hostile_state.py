@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import state_layout, store
+from hami_runtime.lifecycle.node_state import state_layout, store
 from hami_runtime.files import process_start
 
 from .node import RUNC, TIMEOUT

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import docker_gpus, launcher_keys, request_keys
+from hami_runtime.lifecycle.request import docker_gpus, launcher_keys, request_keys
 from tests.conftest import BUILD
 
 from .node import LAUNCHER, RUNC
@@ -359,7 +359,7 @@ def random_spec(rng, base) -> bytes:
 
 
 def python_needed(text: bytes) -> bool:
-    from hami_runtime.lifecycle.request_keys import mentions_request
+    from hami_runtime.lifecycle.request.request_keys import mentions_request
     try:
         spec = json.loads(text)
     except ValueError:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hami_runtime.lifecycle import state_layout
+from hami_runtime.lifecycle.node_state import state_layout
 from tests.conftest import ROOT
 
 from .node import LAUNCHER, RUNC, TIMEOUT
@@ -147,7 +147,7 @@ def test_config_hook_command_keeps_its_hook(node):
     ("other-tool", 0o755, False),     # not a launcher
 ])
 def test_only_a_safe_launcher_runs_the_hook(tmp_path, name, mode, usable):
-    from hami_runtime.lifecycle import create
+    from hami_runtime.lifecycle.commands import create
     path = tmp_path / name
     path.write_bytes(b"\x7fELF")
     path.chmod(mode)
@@ -359,7 +359,7 @@ def test_check_arguments_go_together(layout):
     (True, False, "OURS", "bind"),     # a spec this runtime edited before
 ])
 def test_what_the_hook_is_to_find_at_etc(tmp_path, has_etc, readonly, mounts, etc):
-    from hami_runtime.lifecycle import rootfs
+    from hami_runtime.lifecycle.spec_edit import rootfs
     root = tmp_path / "rootfs"
     (root / "etc" if has_etc else root).mkdir(parents=True)
     if mounts == "OURS":

@@ -42,7 +42,7 @@ def test_split_count_refuses_the_eleventh(node):
 def _race_one(env, state_dir, root, bundle, cid, results, hold):
     os.environ.update(env)  # the node's config and its own simulated GPU
     from hami_runtime import argv, config as config_mod
-    from hami_runtime.lifecycle import create
+    from hami_runtime.lifecycle.commands import create
     from hami_runtime.errors import HamiError
     inv = argv.parse(["--root", root, "create", "--bundle", bundle, cid])
     try:
@@ -186,7 +186,7 @@ def test_gpu_create_with_caches_loads_no_heavy_package(node):
     assert node.runtime("delete", "-f", "warm").returncode == 0
     gpu = node.bundle("gpu", {"hami.io/gpumem": "100"})
     modules = imported_by(node, "create", "--bundle", str(gpu), "gpu")
-    assert "hami_runtime.lifecycle.allocator" in modules  # it did serve the request
+    assert "hami_runtime.lifecycle.node_state.allocator" in modules  # it did serve the request
     assert not {m.partition(".")[0] for m in modules} & {
         "tomllib", "tomli", "pydantic", "pydantic_core", "pynvml", "jsonschema", "cffi"}
 
@@ -227,8 +227,8 @@ def test_passthrough_imports_nothing_heavy(node, args):
     imported = {name.split(".")[0] for name in modules}
     assert not imported & {"pydantic", "pynvml", "jsonschema", "cffi", "click"}
     # nor the modules that serve a GPU request only
-    assert not modules & {"tempfile", "hami_runtime.lifecycle.modifiers",
-                          "hami_runtime.lifecycle.store", "hami_runtime.lifecycle.allocator",
+    assert not modules & {"tempfile", "hami_runtime.lifecycle.spec_edit.modifiers",
+                          "hami_runtime.lifecycle.node_state.store", "hami_runtime.lifecycle.node_state.allocator",
                           "hami_runtime.node.region", "hami_runtime.node.discovery"}
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from hami_runtime.lifecycle import modifiers as m
+from hami_runtime.lifecycle.spec_edit import modifiers as m
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "oci-spec.schema.json").read_text())
 
@@ -154,7 +154,7 @@ def test_container_paths_are_libvgpus():
     assert (paths["HAMI_RUNTIME_LIBVGPU"], paths["HAMI_LIMITS_PATH"], paths["HAMI_RUNTIME_REGION_DIR"],
             paths["HAMI_RUNTIME_ACTIVITY_BOARD"], paths["HAMI_RUNTIME_PRIORITY_BOARD"]) == \
         (m.LIBVGPU_PATH, m.LIMITS_PATH, m.REGION_DIR, m.ACTIVITY_BOARD_DIR, m.PRIORITY_BOARD_DIR)
-    from hami_runtime.lifecycle import boards
+    from hami_runtime.lifecycle.node_state import boards
     from hami_runtime.node import region
     assert paths["HAMI_RUNTIME_REGION_PATH"] == f"{m.REGION_DIR}/{region.REGION_FILE_NAME}"
     assert paths["HAMI_RUNTIME_STAMP_DIR"] == f"{m.REGION_DIR}/{boards.STAMP_DIR}"

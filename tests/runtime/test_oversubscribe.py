@@ -3,7 +3,7 @@ limits tell libvgpu to spill what the card cannot hold to managed memory, unless
 container opts out (hami.io/oversubscribe: "false"). The simulated cards hold 16384 MiB."""
 import pytest
 
-from hami_runtime.lifecycle import container_files, state_layout, store
+from hami_runtime.lifecycle.node_state import container_files, state_layout, store
 
 from .node import CUDA_ALLOC
 

@@ -6,9 +6,10 @@ import copy
 import pytest
 
 from hami_runtime.errors import HamiError
-from hami_runtime.lifecycle import pod_ledger, pod_requests, state_layout, store
-from hami_runtime.lifecycle.pod_identity import PodMember, member
-from hami_runtime.lifecycle.request_keys import mentions_request
+from hami_runtime.lifecycle.node_state import pod_ledger, state_layout, store
+from hami_runtime.lifecycle.request import pod_requests
+from hami_runtime.lifecycle.request.pod_identity import PodMember, member
+from hami_runtime.lifecycle.request.request_keys import mentions_request
 
 SANDBOX = "ab" * 32
 ROOT = "/run/containerd/runc/k8s.io"

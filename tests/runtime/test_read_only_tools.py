@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from hami_runtime import config_cache
-from hami_runtime.lifecycle import state_layout, store
+from hami_runtime.lifecycle.node_state import state_layout, store
 
 from .node import HAMICTL, TIMEOUT
 

@@ -171,6 +171,6 @@ KNOWN_KEYS = [
 
 @pytest.mark.parametrize("annotations", KNOWN_KEYS)
 def test_keys_that_are_not_misspelt_requests(annotations):
-    from hami_runtime.lifecycle import request_keys
+    from hami_runtime.lifecycle.request import request_keys
     found = request_keys.unknown_key(annotations)
     assert found is None or request_keys.is_pod_sandbox(annotations), found

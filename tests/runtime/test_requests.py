@@ -6,8 +6,8 @@ import jsonschema
 import pytest
 
 from hami_runtime.errors import HamiError
-from hami_runtime.lifecycle.request_keys import mentions_request
-from hami_runtime.lifecycle.requests import parse
+from hami_runtime.lifecycle.request.request_keys import mentions_request
+from hami_runtime.lifecycle.request.requests import parse
 
 ANNOTATION_SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "schemas" / "annotations.schema.json").read_text())

@@ -3,7 +3,7 @@ checked at create through the runtime: an unmet condition is refused by name."""
 import pytest
 
 from hami_runtime.errors import HamiError
-from hami_runtime.lifecycle.requirements import NodeFacts, check
+from hami_runtime.lifecycle.request.requirements import NodeFacts, check
 
 NODE = NodeFacts(cuda="12.4", driver="550.54.15", gpus=[{"arch": "9.0", "brand": "nvidia"}] * 2)
 # what the nvidia/cuda:12.4.1 images carry

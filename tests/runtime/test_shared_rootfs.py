@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import state_layout
+from hami_runtime.lifecycle.node_state import state_layout
 
 from .node import CUDA_ALLOC, LAUNCHER, RUNC, TIMEOUT
 from .test_tenant import HELD, SLICE, tenant_bundle

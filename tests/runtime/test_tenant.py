@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from hami_runtime.lifecycle import container_files, state_layout
+from hami_runtime.lifecycle.node_state import container_files, state_layout
 from tests.region.fakes import collect
 
 from .node import CUDA_ALLOC

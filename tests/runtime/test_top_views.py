@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle.state_layout import root_key
+from hami_runtime.lifecycle.node_state.state_layout import root_key
 from hami_runtime.tools import top
 
 from .node import HAMICTL, RUNTIME

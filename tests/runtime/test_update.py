@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import container_files, state_layout, store
+from hami_runtime.lifecycle.node_state import container_files, state_layout, store
 from hami_runtime.node import region
 
 from .node import TIMEOUT
@@ -240,7 +240,7 @@ def _creator(env, root, bundle, cid, life, results):
     os.environ.update(env)
     from hami_runtime import argv, config as config_mod
     from hami_runtime.errors import HamiError
-    from hami_runtime.lifecycle import create
+    from hami_runtime.lifecycle.commands import create
     try:
         create.prepare(config_mod.load(), argv.parse(["--root", root, "create", "--bundle",
                                                       bundle, cid]))
@@ -254,7 +254,7 @@ def _updater(env, ids, rounds, seed_value, results):
     os.environ.update(env)
     from hami_runtime import config as config_mod
     from hami_runtime.errors import HamiError
-    from hami_runtime.lifecycle import resize
+    from hami_runtime.lifecycle.commands import resize
     from hami_runtime.tools import update as update_mod
     cfg = config_mod.load()
     rng = random.Random(seed_value)
@@ -347,7 +347,7 @@ def test_invalid_entry_is_named(node, uuids):
 def test_priority_moves_the_containers_stamps_on_and_off_the_board(node, uuids):
     """libvgpu follows the host's board, not the region: --priority 0 links the
     container's stamp there, --priority 1 takes it away again."""
-    from hami_runtime.lifecycle import boards
+    from hami_runtime.lifecycle.node_state import boards
     name = seed(node, "p", [(0, uuids[0], 2000, 30)])
     boards.make_stamps(str(node.state_dir), name, [uuids[0]])
     stamp = node.state_dir / "containers" / name / boards.STAMP_DIR / uuids[0]

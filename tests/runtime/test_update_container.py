@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hami_runtime.lifecycle import state_layout
+from hami_runtime.lifecycle.node_state import state_layout
 from hami_runtime.node import region
 
 from .node import CUDA_ALLOC

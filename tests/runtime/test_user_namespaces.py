@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hami_runtime.lifecycle import modifiers
+from hami_runtime.lifecycle.spec_edit import modifiers
 from tests.conftest import ROOT
 from tests.runtime import test_tenant as tenant
 

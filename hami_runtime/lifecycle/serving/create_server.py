@@ -55,7 +55,7 @@ import struct
 import sys
 import time
 
-from ..files import file_key
+from ...files import file_key
 
 PROTOCOL = b"hami-create-1"       # hami_runtime/launcher/server_client.c
 SERVER_DIR = "server"
@@ -81,7 +81,7 @@ def lock_path(state_dir: str) -> str:
 
 
 def serve() -> int:
-    from .. import config
+    from ... import config
     try:
         cfg = config.load()
     except Exception:  # the create that needs it reports it
@@ -360,7 +360,7 @@ def _run(pid: int, fds: list, cwd: bytes, umask: int, argv: list, env: dict, acc
     """Becomes the launcher's command's Python: its stdio, cwd, umask, env and
     scheduling; runs it; the answer for the launcher. `accepted`: when its
     connection was (the create's trace: the launcher's part and the handoff)."""
-    from .. import phases
+    from ... import phases
     from . import command
     _scheduling_of(pid)
     os.umask(umask)

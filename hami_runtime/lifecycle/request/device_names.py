@@ -8,8 +8,8 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ..errors import HamiError
-from ..names import gpu_uuid
+from ...errors import HamiError
+from ...names import gpu_uuid
 
 CDI_KIND = "nvidia.com/gpu"
 MAX_INDEX = 1023

@@ -28,7 +28,7 @@ import posixpath
 import stat
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..errors import HamiError
+from ...errors import HamiError
 
 if TYPE_CHECKING:
     from . import modifiers

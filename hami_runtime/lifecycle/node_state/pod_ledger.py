@@ -26,15 +26,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..errors import HamiError
-from ..files import process_alive
-from ..names import dns_label, gpu_uuid
+from ...errors import HamiError
+from ...files import process_alive
+from ...names import dns_label, gpu_uuid
 from . import state_layout
 
 if TYPE_CHECKING:
-    from .pod_identity import PodMember
-    from .pod_requests import Plan
-    from .requests import GpuRequest
+    from ..request.pod_identity import PodMember
+    from ..request.pod_requests import Plan
+    from ..request.requests import GpuRequest
 
 MAX_CONTAINERS = 256
 SLICES = ("named", "pod", "entry", "none")
@@ -198,7 +198,7 @@ def place(ledger: dict | None, member: PodMember, runc_root: str, cid: str, crea
     """Where container `cid` (member.name of the pod) stands in its pod. Pure:
     `running(record)` says whether a record's container holds an allocation and
     runs (or its create does); the ledger given is not changed."""
-    from . import pod_requests
+    from ..request import pod_requests
     name = member.name
     if ledger is None:
         ledger = {"sandbox": member.sandbox, "runc_root": runc_root, "complete": True, "containers": {}}

@@ -30,8 +30,8 @@ import os
 import stat
 import time
 
-from ..errors import HamiError
-from ..names import gpu_uuid
+from ...errors import HamiError
+from ...names import gpu_uuid
 from . import state_layout
 
 ACTIVITY = "activity"         # the activity board, under the state dir

@@ -5,8 +5,8 @@ import json
 import os
 import stat
 
-from ..errors import HamiError
-from ..files import atomic_write
+from ...errors import HamiError
+from ...files import atomic_write
 
 
 def spec_path(bundle: str) -> str:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import argv as argv_mod
-from .. import config, phases
-from ..errors import HamiError, report
-from ..version import wants_command_help
+from ... import argv as argv_mod
+from ... import config, phases
+from ...errors import HamiError, report
+from ...version import wants_command_help
 
 LAUNCHER_ENV = "HAMI_LAUNCHER"  # hami_runtime/launcher/hook.h
 
@@ -43,17 +43,17 @@ def run(argv: list, creator: int, become) -> int:
         if shown or wants_command_help(inv):
             pass  # runc prints what was asked and runs nothing
         elif inv.command in ("create", "run"):
-            from .create import prepare
+            from ..commands.create import prepare
             prepare(cfg, inv, launcher, creator)
             phases.write(cfg, inv.container_id)
         elif inv.command == "delete":
-            from .delete import delete
+            from ..commands.delete import delete
             return delete(cfg, inv, runtime)
         become(runtime, [runtime] + argv)
         return 0
     except HamiError as exc:
         if exc.field.startswith("config ") or exc.field == "NVML":
-            from ..config_origin import explain
+            from ...config_origin import explain
             exc = explain(exc, cfg.path if cfg is not None else None)
         return _refused(exc.line(), inv, cfg)
     except OSError as exc:
@@ -67,14 +67,14 @@ def _refused(message: str, inv, cfg) -> int:
     run also to the runtime's own log."""
     report(message, inv.log_path if inv else None, inv.log_format if inv else "text")
     if inv is not None and inv.command in ("create", "run"):
-        from .refusal_log import record
+        from ..commands.refusal_log import record
         record(cfg, inv, message)
     return 1
 
 
 def _print_help(inv) -> bool:
     """Ours first, then runc's help (runc's exec'd as for any passthrough)."""
-    from ..version import help_lines, wants_help
+    from ...version import help_lines, wants_help
     if not wants_help(inv):
         return False
     sys.stdout.write("\n".join(help_lines(config.config_path(), bool(os.environ.get("HAMI_CONFIG"))))
@@ -86,7 +86,7 @@ def _print_help(inv) -> bool:
 def _print_version(inv) -> bool:
     """Ours first, then runc's lines (tools that parse runc's read its "runc
     version" line, the last that says version)."""
-    from ..version import line, wants_version
+    from ...version import line, wants_version
     if not wants_version(inv):
         return False
     sys.stdout.write(line() + "\n")

@@ -52,11 +52,11 @@ import sys
 import time
 from collections.abc import Iterator
 
-from ..errors import HamiError
-from ..files import _kind, atomic_write, open_state_file, process_alive, read_state_file
-from ..ids import check_container_id
-from ..names import gpu_uuid
-from ..policies import CORE_POLICIES
+from ...errors import HamiError
+from ...files import _kind, atomic_write, open_state_file, process_alive, read_state_file
+from ...ids import check_container_id
+from ...names import gpu_uuid
+from ...policies import CORE_POLICIES
 from .state_layout import (
     MAX_DEVICES, SUBDIRS, alloc_name, creator_problem, is_int, make_state_dir, remove_at, remove_dirs,
     runc_made, stored_name_problem, subdir_fd, _well_formed)

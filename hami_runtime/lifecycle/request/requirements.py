@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from ..errors import HamiError
+from ...errors import HamiError
 
 PREFIX = "NVIDIA_REQUIRE_"
 NOT_CHECKED = ("NVIDIA_REQUIRE_JETPACK",)

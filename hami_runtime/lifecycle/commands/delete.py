@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-from .. import log
-from ..errors import HamiError
-from ..ids import check_container_id
+from ... import log
+from ...errors import HamiError
+from ...ids import check_container_id
 
 DELETE_DONE_ENV = "HAMI_DELETE_DONE"  # hami_runtime/launcher/hook.h
 
@@ -38,7 +38,7 @@ def delete(cfg, inv, runtime: str) -> int:
     if rc < 0:
         rc = 128 - rc
     if os.path.isdir(cfg.state_dir) and not os.path.lexists(os.path.join(inv.root, cid)):
-        from . import store
+        from ..node_state import store
         try:
             if store.release(cfg.state_dir, inv.root, cid):
                 log.write(cfg, "info", f"{cid}: released on delete ({inv.root})")

@@ -18,7 +18,7 @@ import contextlib
 import json
 import os
 
-from ..errors import HamiError
+from ...errors import HamiError
 from . import state_layout, store
 
 IDENTITY_FILE = "region.json"
@@ -26,15 +26,15 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def limits_path(state_dir: str, name: str) -> str:
-    from ..node import region
+    from ...node import region
     return os.path.join(state_layout.private_dir(state_dir, name), region.LIMITS_FILE_NAME)
 
 
 def make(state_dir: str, name: str, devices, core_policy: str, priority: int,
          priority_idle_ms: int) -> None:
     """The container's limits, a fresh region and its identity (its dirs exist)."""
-    from ..files import atomic_write
-    from ..node import region
+    from ...files import atomic_write
+    from ...node import region
     region.create_limits(limits_path(state_dir, name), devices, core_policy, priority, priority_idle_ms)
     made = region.create_region(os.path.join(state_layout.container_dir(state_dir, name),
                                              region.REGION_FILE_NAME))
@@ -71,7 +71,7 @@ def region_identity(state_dir: str, name: str):
 
 
 def open_limits(state_dir: str, name: str, writable: bool = False):
-    from ..node import region
+    from ...node import region
     with _dir(state_dir, "private", name) as fd:
         return region.open_limits(region.LIMITS_FILE_NAME, writable=writable, dir_fd=fd,
                                   label=os.path.join(state_dir, "private", name, region.LIMITS_FILE_NAME))
@@ -80,7 +80,7 @@ def open_limits(state_dir: str, name: str, writable: bool = False):
 def open_region(state_dir: str, name: str):
     """The region the runtime made for `name`, read-only; RegionError (or OSError,
     HamiError) when it is not there or not that file."""
-    from ..node import region
+    from ...node import region
     expect = region_identity(state_dir, name)
     if expect is None:
         raise region.RegionError(f"{name}: no record of the region the runtime made")
@@ -95,7 +95,7 @@ def processes(state_dir: str, name: str, reg, device_count: int):
     host_pid is only what the container says), and whether it still runs: True,
     False (gone, or its pid now another process's), None (the host cannot look:
     the container's first process is not known or gone)."""
-    from ..node import host_pids
+    from ...node import host_pids
     found = host_pids.in_namespace_of(state_layout.host_pid(state_dir, name))
     seen = []
     for proc in reg.processes(device_count):

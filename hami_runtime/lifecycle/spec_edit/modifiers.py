@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
-from ..errors import HamiError
-from .docker_gpus import without_gpu_hooks
+from ...errors import HamiError
+from ..request.docker_gpus import without_gpu_hooks
 
 # Where libvgpu and the loader find what holds the slice: under one root-level
 # mount point, each file itself a mount point, so that no rename in the container

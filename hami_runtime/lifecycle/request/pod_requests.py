@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..errors import HamiError
-from ..names import dns_label
+from ...errors import HamiError
+from ...names import dns_label
 from . import requests
 from .request_keys import REQUEST_KEYS, split_key
 

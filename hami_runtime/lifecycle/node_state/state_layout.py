@@ -9,11 +9,11 @@ import contextlib
 import os
 import stat
 
-from ..errors import HamiError
-from ..files import atomic_write, read_state_file, sha256_hex
-from ..ids import check_container_id
-from ..names import root_key as root_key_ok
-from .. import path_trust
+from ...errors import HamiError
+from ...files import atomic_write, read_state_file, sha256_hex
+from ...ids import check_container_id
+from ...names import root_key as root_key_ok
+from ... import path_trust
 
 SUBDIRS = ("containers", "private")
 PID_FILE = "pid"

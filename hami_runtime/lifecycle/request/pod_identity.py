@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
-from ..errors import HamiError
-from ..names import container_id, dns_label, dns_subdomain
+from ...errors import HamiError
+from ...names import container_id, dns_label, dns_subdomain
 
 # (type key, sandbox id key, container name key, pod namespace key, pod name key)
 ENGINES = (

@@ -12,7 +12,7 @@ import os
 import sys
 from types import SimpleNamespace
 
-from .. import config, log
+from ... import config, log
 
 LEVEL = "warning"
 
@@ -31,7 +31,8 @@ def who(inv) -> str:
     """'<id>', or '<id> (container <name> of pod <namespace>/<pod>)'."""
     cid = inv.container_id or "(no container id)"
     try:
-        from . import pod_identity, spec
+        from ..request import pod_identity
+        from ..spec_edit import spec
         member = pod_identity.member(spec.load(inv.bundle).get("annotations") or {})
     except Exception:  # an unreadable spec or pod annotations: the id alone
         return cid

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import stat
 import sys
 from typing import TYPE_CHECKING
 
-from .. import log, phases
-from ..config import Config
-from ..errors import HamiError
-from ..ids import check_container_id
-from . import docker_gpus, spec as spec_io
-from .request_keys import is_pod_sandbox, mentions_request, unknown_key
+from ... import log, phases
+from ...config import Config
+from ...errors import HamiError
+from ...ids import check_container_id
+from ..request import docker_gpus
+from ..spec_edit import spec as spec_io
+from ..request.request_keys import is_pod_sandbox, mentions_request, unknown_key
 
 if TYPE_CHECKING:
-    from . import modifiers
+    from ..spec_edit import modifiers
 
 IDENTITY_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-namespace",
                  "io.kubernetes.cri.container-name", "io.kubernetes.pod.name",
@@ -40,7 +42,7 @@ def identity(annotations: dict[str, str]) -> dict[str, str]:
 
 
 def device_majors(cfg: Config) -> dict[str, int]:
-    from ..node import discovery
+    from ...node import discovery
     majors = discovery.read_majors(cfg.proc_devices)
     # A node that exists under the dev root is the truth for its major.
     for name, node in (("nvidia-frontend", "nvidiactl"), ("nvidia-uvm", "nvidia-uvm")):
@@ -80,7 +82,7 @@ def check_argv(cfg: Config, image) -> list[str]:
     change between the runtime's look at create and runc's mounts."""
     if image is None:
         return []
-    from . import modifiers
+    from ..spec_edit import modifiers
     return [modifiers.CHECK_FLAG, image.root, "--etc", image.etc, "--libvgpu", cfg.libvgpu]
 
 
@@ -89,14 +91,14 @@ def create_hook_argv(cfg: Config, launcher, runc_root: str, image=None) -> list[
     runc's create and delete), unless the config names its own hook command."""
     if cfg.hook_command or not usable_launcher(launcher):
         return []
-    from .state_layout import root_key
+    from ..node_state.state_layout import root_key
     return [launcher, "hami-hook", "--state-dir", cfg.state_dir, "--root-key", root_key(runc_root)] + \
         check_argv(cfg, image)
 
 
 def hook_argv(cfg: Config, runc_root: str, image=None) -> list[str]:
     # the directory that holds the hami_runtime and hami_hook packages
-    where = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    where = str(pathlib.Path(os.path.abspath(__file__)).parents[3])
     base = list(cfg.hook_command) or [sys.executable, "-S", "-I", "-c", HOOK_CODE.format(where=where)]
     return base + ["--state-dir", cfg.state_dir, "--runc-root", runc_root] + check_argv(cfg, image)
 
@@ -117,7 +119,8 @@ def distinct_files(driver_files) -> list:
 def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors, driver_files,
                     request, marker: dict, launcher=None, image=None) -> "modifiers.Injection":
     """`image`: the rootfs as rootfs.image found it (/etc's hold, the hooks' check)."""
-    from . import boards, container_files, modifiers, state_layout
+    from ..node_state import boards, container_files, state_layout
+    from ..spec_edit import modifiers
     minor_of = {g.uuid: g.minor for g in gpus}
     region_dir = state_layout.container_dir(cfg.state_dir, name)
     preload = os.path.join(state_layout.private_dir(cfg.state_dir, name), "ld.so.preload")
@@ -162,7 +165,7 @@ def build_injection(cfg: Config, runc_root: str, name: str, grants, gpus, majors
 def no_new_namespaces(cfg: Config):
     """Injection.no_new_namespaces: the architectures of a profile made where the
     spec has none, or None where the node allows new namespaces."""
-    from . import modifiers
+    from ..spec_edit import modifiers
     return None if cfg.allow_user_namespaces else modifiers.seccomp_architectures(os.uname().machine)
 
 
@@ -170,7 +173,7 @@ def check_escapes(cfg: Config, spec: dict) -> None:
     """Refuses, before anything is allocated, a GPU container that could lift its
     slice: one with CAP_SYS_ADMIN (unless allow_sys_admin), or whose seccomp
     profile the runtime cannot make refuse new namespaces."""
-    from . import modifiers
+    from ..spec_edit import modifiers
     held = [] if cfg.allow_sys_admin else modifiers.sys_admin_sets(spec)
     if held:
         raise HamiError(f"process.capabilities.{held[0]}", modifiers.SYS_ADMIN,
@@ -186,7 +189,7 @@ def mig_cap_minors(cfg: Config, grants, gpus, majors) -> list[int]:
     instances = [gpu for g in grants for gpu in gpus if gpu.uuid == g.uuid and gpu.is_mig]
     if not instances:
         return []
-    from ..node import mig_caps
+    from ...node import mig_caps
     if mig_caps.MAJOR_NAME not in majors:
         raise HamiError("config proc_devices", cfg.proc_devices,
                         f"lists no {mig_caps.MAJOR_NAME} major: MIG instances cannot be given")
@@ -198,15 +201,16 @@ def spill_flags(cfg: Config, request) -> int:
     """The region's device flags: where the node oversubscribes (memory_scaling > 1), a
     container's allocations the card cannot hold spill to managed memory, unless it opted
     out (hami.io/oversubscribe: "false")."""
-    from ..node import region
+    from ...node import region
     return region.DEVICE_SPILL if cfg.memory_scaling > 1 and request.oversubscribe else 0
 
 
 def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, creator: dict
                        ) -> None:
-    from . import boards, container_files, modifiers, state_layout
-    from ..node import region
-    from ..files import atomic_write
+    from ..node_state import boards, container_files, state_layout
+    from ..spec_edit import modifiers
+    from ...node import region
+    from ...files import atomic_write
     region_dir, private = state_layout.make_dirs(cfg.state_dir, name)
     # every container stamps and is on the activity board; the priority board
     # links only high-priority ones
@@ -228,7 +232,7 @@ def _prepare_host_side(cfg: Config, name: str, cid: str, inv, grants, request, c
 
 def _passed_through(cfg: Config, cid: str, annotations, env, why: str = "") -> bool:
     """The log line of a container whose spec stays as it came."""
-    from .request_keys import mentioned_keys
+    from ..request.request_keys import mentioned_keys
     keys = mentioned_keys(annotations, env, cfg.env_requests)
     if keys and not why and is_pod_sandbox(annotations):
         why = "the pod's sandbox container, which runs no GPU work"
@@ -246,7 +250,7 @@ def _passed_through(cfg: Config, cid: str, annotations, env, why: str = "") -> b
 def _allocate(cfg: Config, request, pinned, gpus, state):
     """Grants for the request: on the GPUs a restarted container had where they
     still fit it, else as any request."""
-    from . import allocator
+    from ..node_state import allocator
     args = dict(split_count=cfg.split_count, memory_scaling=cfg.memory_scaling,
                 default_memory_mib=cfg.default_memory_mib, default_cores=cfg.default_cores,
                 policy=cfg.policy, invalid=state.invalid)
@@ -262,7 +266,7 @@ def _allocate(cfg: Config, request, pinned, gpus, state):
 def _holds_and_runs(state, runc_root: str):
     """running(record) for pod_ledger.place: the record's container has an
     allocation here and runs (or its create does)."""
-    from . import state_layout, store
+    from ..node_state import state_layout, store
 
     def running(record) -> bool:
         name = state_layout.alloc_name(runc_root, record["id"])
@@ -302,8 +306,8 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
     if not mentions_request(annotations, env, cfg.env_requests):
         return _passed_through(cfg, cid, annotations, env)
     # Only now the request model, NVML and the allocator are loaded.
-    from . import pod_identity, pod_requests, requests
-    from ..node import discovery_cache, driver_capabilities
+    from ..request import pod_identity, pod_requests, requests
+    from ...node import discovery_cache, driver_capabilities
     member = pod_identity.member(annotations)
     plan = pod_requests.plan(annotations, env, cfg.env_requests, cfg.core_policy, member)
     who = f"{cid} ({member.describe()})" if member is not None else cid
@@ -321,11 +325,13 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
     phases.mark("request")
     check_escapes(cfg, spec)
     import time
-    from . import modifiers, requirements, state_layout, store
-    from ..files import process_start
+    from ..spec_edit import modifiers
+    from ..request import requirements
+    from ..node_state import state_layout, store
+    from ...files import process_start
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
-    from . import rootfs
+    from ..spec_edit import rootfs
     image = rootfs.image(bundle, spec)  # refused before anything is allocated
     state_layout.make_state_dir(cfg.state_dir)  # before its caches are read
     phases.mark("checks")
@@ -347,7 +353,7 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
             raise HamiError("container id", cid, f"a container with this id exists under {inv.root}")
         placed = pinned = None
         if member is not None and plan.kind != pod_requests.ALONE:
-            from . import pod_ledger
+            from ..node_state import pod_ledger
             key = pod_ledger.pod_key(inv.root, member.sandbox)
             placed = pod_ledger.place(state.pods.get(key), member, inv.root, cid, creator, plan,
                                       _holds_and_runs(state, inv.root))

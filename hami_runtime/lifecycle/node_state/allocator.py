@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from ..errors import HamiError
-from ..names import mig_uuid
-from ..node.gpu import GpuInfo
-from .request_keys import ENV_KEYS
+from ...errors import HamiError
+from ...names import mig_uuid
+from ...node.gpu import GpuInfo
+from ..request.request_keys import ENV_KEYS
 
 SIZE_KEYS = ("gpumem", "gpumem-percentage", "gpucores")
 

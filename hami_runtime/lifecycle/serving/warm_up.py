@@ -12,13 +12,13 @@ does the same work and reports what it finds.
 """
 from __future__ import annotations
 
-from .. import config
+from ... import config
 
 
 def warm_up() -> int:
     try:
         cfg = config.load()
-        from ..node import discovery_cache
+        from ...node import discovery_cache
         discovery_cache.gpus(cfg)
         discovery_cache.driver_files(cfg)
     except Exception:  # the create that needs them reports it

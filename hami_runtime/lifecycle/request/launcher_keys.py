@@ -2,7 +2,7 @@
 path for a container that asks for no GPU, hami_runtime/launcher/spec_scan.c).
 
 `make build` writes these into the header the launcher is compiled with
-(`python -m hami_runtime.lifecycle.launcher_keys FILE`), so the C side cannot
+(`python -m hami_runtime.lifecycle.request.launcher_keys FILE`), so the C side cannot
 drift from the request parser. Each list is a superset of what the Python
 side reads, compared without regard to case:
 
@@ -35,7 +35,7 @@ def _c_list(name: str, items) -> str:
 
 
 def c_header() -> str:
-    return ("/* Written by make build from hami_runtime/lifecycle/launcher_keys.py: do not edit. */\n"
+    return ("/* Written by make build from hami_runtime/lifecycle/request/launcher_keys.py: do not edit. */\n"
             + _c_list("SPEC_ANNOTATION_MARKS", ANNOTATION_MARKS)
             + _c_list("SPEC_ENV_PREFIXES", ENV_PREFIXES)
             + _c_list("SPEC_HOOK_NAMES", HOOK_NAMES))

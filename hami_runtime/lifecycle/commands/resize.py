@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from ..errors import HamiError
-from ..names import mig_uuid, number as digits
-from ..policies import CORE_POLICIES
-from . import state_layout
-from .allocator import Capacity, Usage, usage, wanted_mib
+from ...errors import HamiError
+from ...names import mig_uuid, number as digits
+from ...policies import CORE_POLICIES
+from ..node_state import state_layout
+from ..node_state.allocator import Capacity, Usage, usage, wanted_mib
 
 MAX_MEM_MIB = 1 << 30
 MIB = 1 << 20

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-from ..errors import HamiError
-from ..names import gpu_uuid, number as digits
-from ..policies import CORE_POLICIES
+from ...errors import HamiError
+from ...names import gpu_uuid, number as digits
+from ...policies import CORE_POLICIES
 from . import device_names
 from .request_keys import CONTAINER_DOMAIN, CONTAINER_KEYS, ENV_KEYS, REQUEST_KEYS, is_cdi_key, split_key
 
