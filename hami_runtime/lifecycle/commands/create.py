@@ -1,4 +1,5 @@
-"""create/run: read the request, allocate, prepare the host side, edit the spec.
+"""create/run: read the request, allocate, prepare the host side, edit the spec
+(`_prepare`: each step a call into one room of lifecycle/).
 
 Only this edge touches files and the lock; parsing, allocation and the spec
 edits are the pure modules it calls. On any refusal nothing is left behind.
@@ -12,7 +13,7 @@ import os
 import pathlib
 import stat
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ... import log, phases
 from ...config import Config
@@ -296,7 +297,47 @@ def prepare(cfg: Config, inv, launcher=None, creator=None) -> bool:
 
 
 def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool:
-    bundle = inv.bundle
+    """The four steps, each in one room: what the container asks (request/), what the
+    node gives it (node_state/), its files on the host (node_state/), its spec
+    (spec_edit/). A step that finds no GPU to give passes the container through."""
+    asked = _request(cfg, cid, spec)
+    if not asked.wants_gpu:
+        return _passed_through(cfg, asked.who, asked.annotations, asked.env, asked.why)
+    held = _allocation(cfg, cid, inv, spec, asked, pid)
+    if held.request is None:
+        return _passed_through(cfg, asked.who, asked.annotations, asked.env, held.how)
+    # The entry is committed and lives while this process (then runc) does, so
+    # the files are written outside the lock; a failure or a kill from here on
+    # is freed by the release below or by the next transaction.
+    from ..node_state import store
+    try:
+        _prepare_host_side(cfg, held.name, cid, inv, held.grants, held.request, held.creator)
+        phases.mark("host_files")
+        _edit_spec(cfg, inv, spec, held, launcher)
+    except BaseException:
+        store.discard(cfg.state_dir, held.name, held.creator)
+        raise
+    names = {gpu.uuid: gpu.name for gpu in held.gpus}  # "1", or "1:0" for a MIG instance
+    log.write(cfg, "info", f"{asked.who}: allocated " + ", ".join(
+        f"GPU {names[g.uuid]} {g.mem_mib}MiB {g.cores}%" for g in held.grants) +
+        (f" ({held.how})" if held.how else ""))
+    phases.mark("log")
+    return True
+
+
+class Asked(NamedTuple):
+    """What the container asks: whether it wants a GPU (else why not), the pod member
+    it is, and its plan (pod_requests.plan: its request, or its pod's ledger decides)."""
+    annotations: dict
+    env: list
+    who: str
+    wants_gpu: bool
+    why: str = ""
+    member: object = None
+    plan: object = None
+
+
+def _request(cfg: Config, cid: str, spec: dict) -> Asked:
     annotations = spec.get("annotations") or {}
     env = (spec.get("process") or {}).get("env") or []
     misspelt = None if is_pod_sandbox(annotations) else unknown_key(annotations)
@@ -304,48 +345,71 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
         raise HamiError("annotation", misspelt[0], "not a request key of this runtime nor one HAMi's "
                         f"scheduler writes; the nearest is {misspelt[1]}")
     if not mentions_request(annotations, env, cfg.env_requests):
-        return _passed_through(cfg, cid, annotations, env)
+        return Asked(annotations, env, cid, False)
     # Only now the request model, NVML and the allocator are loaded.
     from ..request import pod_identity, pod_requests, requests
-    from ...node import discovery_cache, driver_capabilities
     member = pod_identity.member(annotations)
     plan = pod_requests.plan(annotations, env, cfg.env_requests, cfg.core_policy, member)
     who = f"{cid} ({member.describe()})" if member is not None else cid
     if plan.kind == pod_requests.UNTOUCHED:
-        return _passed_through(cfg, who, annotations, env, plan.why)
+        return Asked(annotations, env, who, False, plan.why)
     if plan.kind == pod_requests.ALONE:
         request = requests.for_visible_devices_alone(plan.request, cfg.visible_devices_alone,
                                                      cfg.split_count, cfg.default_memory_mib)
         if plan.request is not None and request is None:
-            return _passed_through(cfg, who, annotations, env, "NVIDIA_VISIBLE_DEVICES names no "
-                                   "size, and the node's visible_devices_alone is none")
+            return Asked(annotations, env, who, False, "NVIDIA_VISIBLE_DEVICES names no size, and the "
+                         "node's visible_devices_alone is none")
         plan = plan._replace(request=request)
     if plan.kind in (pod_requests.ALONE, pod_requests.NAMED) and plan.request is None:
-        return _passed_through(cfg, who, annotations, env)
+        return Asked(annotations, env, who, False)
     phases.mark("request")
-    check_escapes(cfg, spec)
+    return Asked(annotations, env, who, True, plan.why, member, plan)
+
+
+class Held(NamedTuple):
+    """What the node gave: the allocation entry's name, its grants (request None: the
+    pod's ledger gave it none), and what the spec edit needs of the node."""
+    name: str
+    creator: dict
+    request: object
+    grants: list
+    how: str
+    marker: dict
+    gpus: list
+    majors: dict
+    driver_files: list
+    image: object
+
+
+def _allocation(cfg: Config, cid: str, inv, spec: dict, asked: Asked, pid: int) -> Held:
+    """Refused before anything is allocated: what could lift the slice, a missing
+    libvgpu, a rootfs the runtime cannot hold. Then the node's GPUs and driver files,
+    and the allocation, under the state's lock."""
     import time
-    from ..spec_edit import modifiers
-    from ..request import requirements
     from ..node_state import state_layout, store
+    from ..request import pod_requests, requests, requirements
+    from ..spec_edit import rootfs
     from ...files import process_start
+    from ...node import discovery_cache, driver_capabilities
+    check_escapes(cfg, spec)
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
-    from ..spec_edit import rootfs
-    image = rootfs.image(bundle, spec)  # refused before anything is allocated
+    image = rootfs.image(inv.bundle, spec)  # refused before anything is allocated
     state_layout.make_state_dir(cfg.state_dir)  # before its caches are read
     phases.mark("checks")
     gpus = discovery_cache.gpus(cfg)
     phases.mark("gpus")
     majors = device_majors(cfg)
     phases.mark("majors")
-    capabilities = driver_capabilities.parse(requests.env_map(env).get(driver_capabilities.VARIABLE))
+    env = requests.env_map(asked.env)
+    capabilities = driver_capabilities.parse(env.get(driver_capabilities.VARIABLE))
     driver_files = distinct_files(driver_capabilities.chosen(discovery_cache.driver_files(cfg), capabilities))
     phases.mark("driver_files")
     phases.note(f"{len(driver_files)} driver files mounted")
     name = state_layout.alloc_name(inv.root, cid)
     creator = {"pid": pid, "start": process_start(pid)}
-    request, how, refusal = plan.request, plan.why, None
+    member, plan = asked.member, asked.plan
+    request, how, refusal, grants, marker = plan.request, plan.why, None, [], {}
     with store.transaction(cfg.state_dir) as state:
         if name in state.allocations or name in state.invalid:
             raise HamiError("container id", cid, f"already has a GPU allocation under {inv.root}")
@@ -370,18 +434,18 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
                 refusal = exc  # the pod's record of this container is kept all the same
         if request is not None and refusal is None:
             granted = [next(gpu for gpu in gpus if gpu.uuid == g.uuid) for g in grants]
-            requirements.check(requests.env_map(env), requirements.NodeFacts(
+            requirements.check(env, requirements.NodeFacts(
                 cuda=granted[0].cuda, driver=granted[0].driver,
                 gpus=[{"arch": gpu.arch, "brand": gpu.brand} for gpu in granted]))
             if placed is not None:
                 placed.ledger["containers"][member.name]["uuids"] = [g.uuid for g in grants]
                 how += ", on the GPUs it had before its restart" if again else ""
             entry = {
-                "id": cid, "runc_root": inv.root, "bundle": bundle,
+                "id": cid, "runc_root": inv.root, "bundle": inv.bundle,
                 "devices": [g.to_json() for g in grants],
                 "core_policy": request.core_policy, "priority": request.priority,
                 "oversubscribe": request.oversubscribe,
-                "identity": identity(annotations), "request": dict(request.keys),
+                "identity": identity(asked.annotations), "request": dict(request.keys),
                 "created_at": time.time(), "pid": 0,
             }
             if placed is not None:
@@ -393,26 +457,15 @@ def _prepare(cfg: Config, cid: str, inv, spec: dict, launcher, pid: int) -> bool
     phases.mark("allocation")
     if refusal is not None:
         raise refusal
-    if request is None:
-        return _passed_through(cfg, who, annotations, env, how)
-    # The entry is committed and lives while this process (then runc) does, so
-    # the files are written outside the lock; a failure or a kill from here on
-    # is freed by the release below or by the next transaction.
-    try:
-        _prepare_host_side(cfg, name, cid, inv, grants, request, entry["creator"])
-        phases.mark("host_files")
-        injection = build_injection(cfg, inv.root, name, grants, gpus, majors, driver_files, request, marker,
-                                    launcher, image)
-        phases.mark("injection")  # the mounts, env and hooks
-        edited = modifiers.apply(json.loads(json.dumps(spec)), injection)
-        phases.mark("spec_edit")
-        spec_io.write(bundle, edited)
-        phases.mark("spec_write")
-    except BaseException:
-        store.discard(cfg.state_dir, name, entry["creator"])
-        raise
-    names = {gpu.uuid: gpu.name for gpu in gpus}  # "1", or "1:0" for a MIG instance
-    log.write(cfg, "info", f"{who}: allocated " + ", ".join(
-        f"GPU {names[g.uuid]} {g.mem_mib}MiB {g.cores}%" for g in grants) + (f" ({how})" if how else ""))
-    phases.mark("log")
-    return True
+    return Held(name, creator, request, grants, how, marker, gpus, majors, driver_files, image)
+
+
+def _edit_spec(cfg: Config, inv, spec: dict, held: Held, launcher) -> None:
+    from ..spec_edit import modifiers
+    injection = build_injection(cfg, inv.root, held.name, held.grants, held.gpus, held.majors, held.driver_files,
+                                held.request, held.marker, launcher, held.image)
+    phases.mark("injection")  # the mounts, env and hooks
+    edited = modifiers.apply(json.loads(json.dumps(spec)), injection)
+    phases.mark("spec_edit")
+    spec_io.write(inv.bundle, edited)
+    phases.mark("spec_write")
