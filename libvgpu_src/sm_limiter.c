@@ -96,7 +96,7 @@
 #define SM_RECENT_NS 400000000LL                 /* ... stamped no longer ago than this */
 #define SM_NVML_RETRY_NS 10000000000LL           /* pid unknown to NVML: ask again after 10 s */
 #define SM_NVML_MAX_PROCS 64
-#define SM_FACTOR_MIN 0.5
+#define SM_FACTOR_MIN 0.25                       /* a kernel time-sliced with others can read 2-4x its run */
 #define SM_SMOOTHING 3.0                         /* each tick moves a third of the way */
 #define SM_PID_INIT_NS_INO 0xEFFFFFFCUL          /* inode of the host's pid namespace */
 
