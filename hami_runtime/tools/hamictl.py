@@ -59,6 +59,7 @@ OTHER_COMMANDS = {
     "doctor": ("doctor", "doctor_command"),
     "update": ("update", "update_command"),
     "agent": ("agent", "agent_command"),
+    "device-plugin": ("device_plugin", "device_plugin_command"),
 }
 
 
