@@ -1,7 +1,8 @@
 """SM share of short kernels as GPU time, on the simulated GPU, through libvgpu.so.
 
 bench/gpu/driver_probe.py `busy` (the probe `make gpu-check` runs on a real GPU) keeps the
-device busy with kernels of 10, 20 and 50 us launched from Python, under `force` 30 and 60 %;
+device busy with kernels of 10, 20 and 50 us launched from Python (and 5 ms ones, whose first
+second shows the bucket's burst), under `force` 30 and 60 %;
 busy % is the kernels' own time in the window over the window (the simulator's timeline,
 tests/simgpu/cu_stream.c: a launch's CPU time and dispatch are not kernel time). Then two
 containers at 30 and 70 % run the same fixed-work 50 us kernel in the same window under
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "libvgpu"))
 import sim_probe  # noqa: E402
 
-KERNELS_US = [10, 20, 50]
+KERNELS_US = [10, 20, 50, 5000]
 LEVELS = [30, 60]
 PAIR_KERNEL_US = 50
 

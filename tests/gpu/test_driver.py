@@ -79,20 +79,22 @@ def test_default_two_containers_split_30_70(tmp_path, uuid, figures):
     for pct in (30, 70):
         env = gpu_env.container_env(tmp_path, f"c{pct}", uuid, board=board)
         env.update(LD_PRELOAD=str(gpu_env.LIBVGPU), CUDA_DEVICE_SM_LIMIT=str(pct),
-                   GPU_CORE_UTILIZATION_POLICY="default")
+                   GPU_CORE_UTILIZATION_POLICY="default", LIBCUDA_LOG_LEVEL="4")  # the limiter's NVML lines
         procs.append(subprocess.Popen(
             PROBE + ["busy", "--kernel-us", "1000", "--seconds", "8", "--mode", "work", "--start-at", str(start_at)],
             env=gpu_env.clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    got = []
+    got, nvml = [], []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
         done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         assert proc.returncode == 0, gpu_env.failure(proc.args, done)
         got.append(json.loads(out.strip().splitlines()[-1]))
+        # what NVML said of each one's time slices beside the other's: the charge factor's source
+        nvml.append([line.split("SM limit: ", 1)[1] for line in err.splitlines() if "SM limit: NVML" in line][-6:])
     work = [g["kernels_in_window"] for g in got]
     split = 100 * work[0] / sum(work)
     figures.update(split_30=split, kernels=work, busy_pct=[g["busy_pct"] for g in got],
-                   kernel_us_median=[g["kernel_us_median"] for g in got])
+                   kernel_us_median=[g["kernel_us_median"] for g in got], limiter_nvml_30_70=nvml)
     assert abs(split - 30) <= 3, got
 
 
