@@ -176,18 +176,7 @@ def graph(args) -> dict:
     expect = (a @ b).float()
     result["replay_max_abs_diff"] = float((outs[0].float() - expect).abs().max())
     per_second = []
-
-    def window():
-        end = time.monotonic() + args.seconds
-        while time.monotonic() < end:
-            start, done = time.monotonic(), 0
-            while time.monotonic() - start < 1.0:
-                for _ in range(4):
-                    g.replay()
-                torch.cuda.synchronize()
-                done += 4
-            per_second.append(done / (time.monotonic() - start))
-
+    window = _rate_window(torch, g.replay, 4, args.seconds, per_second)
     result.update(_kernel_busy(torch, window) if args.profile else (window() or {}))
     result.update(replays_per_second=per_second, replays_mean=sum(per_second) / len(per_second))
     if args.oversize_mib:
@@ -212,7 +201,23 @@ def graph(args) -> dict:
     return result
 
 
-def _kernels_compute(torch) -> bool:
+def _rate_window(torch, call, per_round: int, seconds: int, per_second: list):
+    """A window of `seconds` that runs `call` in rounds of per_round, synchronised, and
+    appends each second's calls per second to per_second."""
+    def window():
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            start, done = time.monotonic(), 0
+            while time.monotonic() - start < 1.0:
+                for _ in range(per_round):
+                    call()
+                torch.cuda.synchronize()
+                done += per_round
+            per_second.append(done / (time.monotonic() - start))
+    return window
+
+
+def kernels_compute(torch) -> bool:
     """Whether a kernel's result can be read back: False on the simulated driver, which books every
     kernel's time and runs none. Elsewhere a wrong answer is a broken GPU, not a reason to skip a check."""
     got = (torch.tensor([1.0, 2.0, 3.0], device="cuda") * 3 + 1).cpu().tolist()
@@ -250,7 +255,7 @@ def compiled(args) -> dict:
         # a graph tree's output is overwritten by its next replay: read before another call. fp16's
         # tolerance, relative to the output's scale (six default-initialised layers shrink it)
         diff = float((out.float() - eager).abs().max())
-        if not _kernels_compute(torch):
+        if not kernels_compute(torch):
             result["eager_check"] = "not applicable: kernels do not compute on this device (simulated)"
         elif not torch.allclose(out.float(), eager, rtol=1e-2, atol=1e-2 * float(eager.abs().max())):
             sys.exit(f"compiled: the output differs from eager: max |diff| {diff}, max |eager| {eager.abs().max()}")
@@ -258,18 +263,11 @@ def compiled(args) -> dict:
             result.update(eager_check="passed", max_abs_diff=diff)
         per_second = []
 
-        def window():
-            end = time.monotonic() + args.seconds
-            while time.monotonic() < end:
-                start, done = time.monotonic(), 0
-                while time.monotonic() - start < 1.0:
-                    for _ in range(8):
-                        torch.compiler.cudagraph_mark_step_begin()
-                        fast(x)
-                    torch.cuda.synchronize()
-                    done += 8
-                per_second.append(done / (time.monotonic() - start))
+        def step():
+            torch.compiler.cudagraph_mark_step_begin()
+            fast(x)
 
+        window = _rate_window(torch, step, 8, args.seconds, per_second)
         result.update(_kernel_busy(torch, window) if args.profile else (window() or {}))
     result.update(calls_per_second=per_second, calls_mean=sum(per_second) / len(per_second))
     return result

@@ -123,6 +123,8 @@ struct sim_state {
 struct sim_state *sim_state(void);
 uint64_t sim_now_ns(void);              /* CLOCK_MONOTONIC */
 void sim_spin_us(uint64_t us);          /* keeps the CPU busy that long, as a driver's call does */
+/* The start of a /proc file, NUL-terminated, in one read; -1 when it cannot be read. */
+int sim_read_proc(const char *path, char *buf, size_t size);
 /* Charge `bytes` of device memory to this process; 0, or -1 when the device is full. */
 int sim_charge(int dev, uint64_t bytes);
 void sim_uncharge(int dev, uint64_t bytes);

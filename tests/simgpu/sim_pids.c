@@ -66,26 +66,12 @@ uint32_t sim_interval_pid(struct sim_state *s, uint32_t pid, uint32_t slot)
     return sim_pid_shown(s, (int)slot);
 }
 
-/* The start of a /proc file, NUL-terminated; -1 when it cannot be read. */
-static int read_proc(const char *path, char *buf, size_t size)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, size - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    return 0;
-}
-
 /* Field 22 of /proc/<pid>/stat (the start time); 0 when unknown. */
 static uint64_t start_time(uint32_t pid)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%u/stat", pid);
-    if (read_proc(path, buf, sizeof buf) != 0)
+    if (sim_read_proc(path, buf, sizeof buf) != 0)
         return 0;
     char *p = strrchr(buf, ')');
     for (int field = 2; p && field < 22; field++) {
@@ -100,7 +86,7 @@ static uint32_t inner_pid(uint32_t pid)
 {
     char path[64], buf[2048];
     snprintf(path, sizeof path, "/proc/%u/status", pid);
-    if (read_proc(path, buf, sizeof buf) != 0)
+    if (sim_read_proc(path, buf, sizeof buf) != 0)
         return 0;
     const char *state = strstr(buf, "\nState:");
     const char *nspid = strstr(buf, "\nNSpid:");

@@ -71,8 +71,7 @@ void sim_spin_us(uint64_t us)
         ;
 }
 
-/* The start of a /proc file, NUL-terminated, in one read; -1 when it cannot be read. */
-static int read_text(const char *path, char *buf, size_t size)
+int sim_read_proc(const char *path, char *buf, size_t size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -90,7 +89,7 @@ static int proc_stat(uint32_t pid, uint64_t *start_time, char *letter)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%u/stat", pid);
-    if (read_text(path, buf, sizeof buf) != 0)
+    if (sim_read_proc(path, buf, sizeof buf) != 0)
         return -1;
     char *p = strrchr(buf, ')');
     if (!p || p[1] != ' ')
@@ -132,7 +131,7 @@ static int host_view(uint32_t host_pid, uint32_t *inner, uint64_t *pidns, char *
         return -1;
     *pidns = (uint64_t)st.st_ino;
     snprintf(path, sizeof path, "/proc/%u/status", host_pid);
-    if (read_text(path, buf, sizeof buf) != 0)
+    if (sim_read_proc(path, buf, sizeof buf) != 0)
         return -1;
     const char *state = strstr(buf, "\nState:");
     const char *nspid = strstr(buf, "\nNSpid:");
