@@ -96,15 +96,9 @@ def region_files(state_dir: str) -> Dict[str, str]:
     from ..lifecycle.node_state import container_files, state_layout, store
     region = region_module()
     try:
-        fd = state_layout.subdir_fd(state_dir, "containers")
+        names = state_layout.subdir_names(state_dir, "containers")
     except store.HamiError:
         return {}
-    if fd is None:
-        return {}
-    try:
-        names = sorted(os.listdir(fd))
-    finally:
-        os.close(fd)
     base = os.path.join(state_dir, "containers")
     found = {}
     for name in names:

@@ -124,6 +124,18 @@ def subdir_fd(state_dir: str, sub: str, create: bool = False) -> int | None:
         raise HamiError(path, "", f"not a directory: {exc.strerror}") from None
 
 
+def subdir_names(state_dir: str, sub: str) -> list[str]:
+    """The names in containers/ or private/, sorted; none when it is absent (a
+    symlink there is refused, as subdir_fd refuses it)."""
+    fd = subdir_fd(state_dir, sub)
+    if fd is None:
+        return []
+    try:
+        return sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
 def remove_at(dir_fd: int, name: str) -> None:
     """Remove `name` under dir_fd: a dir tree (never following a link inside
     it), or a link or file itself."""

@@ -59,7 +59,7 @@ from ...names import gpu_uuid
 from ...policies import CORE_POLICIES
 from .state_layout import (
     MAX_DEVICES, SUBDIRS, alloc_name, creator_problem, is_int, make_state_dir, remove_at, remove_dirs,
-    runc_made, stored_name_problem, subdir_fd, _well_formed)
+    runc_made, stored_name_problem, subdir_fd, subdir_names, _well_formed)
 
 VERSION = 2
 STATE_FILE = "allocations.json"
@@ -176,15 +176,8 @@ def rebuild(state_dir: str) -> dict[str, dict]:
     """Allocations of the live GPU containers, read back from their bundles.
     Only containers that have our host-side private dir count, so an
     annotation a user wrote cannot claim a GPU."""
-    fd = subdir_fd(state_dir, "private")
-    if fd is None:
-        return {}
-    try:
-        names = sorted(os.listdir(fd))
-    finally:
-        os.close(fd)
     found: dict[str, dict] = {}
-    for name in names:
+    for name in subdir_names(state_dir, "private"):
         owner = read_json(os.path.join(state_dir, "private", name, OWNER_FILE))
         if not isinstance(owner, dict):
             continue
@@ -344,6 +337,12 @@ def _load(state_dir: str) -> State:
                 os.replace(path, aside)
                 print(f"hami-runtime: {path}: not a state file; set aside as {aside}, "
                       "rebuilt from the running containers' bundles", file=sys.stderr, flush=True)
+    return _state_of(state_dir, data, parsed)
+
+
+def _state_of(state_dir: str, data, parsed) -> State:
+    """The State of a parsed file, or (parsed None: no file, or one set aside) what the
+    running containers' bundles hold; its pods' ledgers read or rebuilt."""
     state = State(state_dir, *(parsed or (rebuild(state_dir), {})))
     if parsed is not None and "pods" in data:
         from . import pod_ledger
@@ -386,15 +385,7 @@ def snapshot(state_dir: str) -> State:
             parsed = None
         if parsed is None:
             raise NotAStateFile(path, State(state_dir, rebuild(state_dir), {}))
-    # no file: what the running containers' bundles hold, as a transaction rebuilds it
-    state = State(state_dir, *(parsed or (rebuild(state_dir), {})))
-    if parsed is not None and "pods" in data:
-        from . import pod_ledger
-        state.pods, state.pod_problems = pod_ledger.parse(data["pods"])
-    if any("pod" in entry for entry in state.allocations.values()):
-        from . import pod_ledger
-        pod_ledger.rebuild(state.pods, state.allocations)
-    return state
+    return _state_of(state_dir, data, parsed)
 
 
 def _check_lock(path: str) -> None:
