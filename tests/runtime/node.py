@@ -209,6 +209,20 @@ class Node:
         with store.transaction(str(self.state_dir)):
             pass
 
+    def leave_dead_entry(self, gpu_uuid, cid="gone"):
+        """An entry whose container runc no longer has (its state.json gone, as
+        after a node crash): dead, freed by the next create or delete."""
+        from hami_runtime.lifecycle.node_state import state_layout, store
+        root = self.runc_root / cid
+        root.mkdir(parents=True)
+        (root / "state.json").write_text("{}")
+        entry = {"id": cid, "runc_root": str(self.runc_root), "bundle": f"/bundles/{cid}",
+                 "devices": [{"index": 0, "uuid": gpu_uuid, "mem_mib": 1000, "cores": 0}],
+                 "core_policy": "default", "priority": 1, "pid": 0}
+        with store.transaction(str(self.state_dir)) as state:
+            state.allocations[state_layout.alloc_name(str(self.runc_root), cid)] = entry
+        shutil.rmtree(root)
+
     def released(self, timeout=10):
         """No allocation left, within `timeout` s (the launcher releases after
         runc's delete, detached)."""

@@ -2,11 +2,9 @@
 where nothing was ever allocated included, which it says), 1 only for faults it
 names; notes (what the next create or delete frees) are no fault."""
 import json
-import shutil
 
 import pytest
 
-from hami_runtime.lifecycle.node_state import state_layout, store
 from tests.conftest import ROOT
 
 GPU = {"hami.io/gpumem": "1000"}
@@ -28,17 +26,8 @@ def live(node):
 
 
 def container_gone(node):
-    """An entry whose container runc no longer has (its state.json gone, as
-    after a node crash): dead, freed by the next create or delete."""
-    root = node.runc_root / "gone"
-    root.mkdir(parents=True)
-    (root / "state.json").write_text("{}")
-    entry = {"id": "gone", "runc_root": str(node.runc_root), "bundle": "/bundles/gone",
-             "devices": [{"index": 0, "uuid": GPU0, "mem_mib": 1000, "cores": 0}],
-             "core_policy": "default", "priority": 1, "pid": 0}
-    with store.transaction(str(node.state_dir)) as state:
-        state.allocations[state_layout.alloc_name(str(node.runc_root), "gone")] = entry
-    shutil.rmtree(root)
+    """An entry whose container runc no longer has: dead, freed by the next create or delete."""
+    node.leave_dead_entry(GPU0)
 
 
 HEALTHY = [

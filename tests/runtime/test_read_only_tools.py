@@ -6,7 +6,6 @@ config cache entry. They read the state file without the allocator's lock
 or delete, or hamictl doctor --repair, frees it (docs/operations.md)."""
 import json
 import os
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -89,15 +88,7 @@ def dead(node):
     """A live container and the entry of one runc no longer has (its state.json
     gone, as after a node crash)."""
     live(node)
-    root = node.runc_root / "gone"
-    root.mkdir(parents=True)
-    (root / "state.json").write_text("{}")
-    entry = {"id": "gone", "runc_root": str(node.runc_root), "bundle": "/bundles/gone",
-             "devices": [{"index": 0, "uuid": GPU0, "mem_mib": 1000, "cores": 0}],
-             "core_policy": "default", "priority": 1, "pid": 0}
-    with store.transaction(str(node.state_dir)) as state:
-        state.allocations[state_layout.alloc_name(str(node.runc_root), "gone")] = entry
-    shutil.rmtree(root)
+    node.leave_dead_entry(GPU0)
 
 
 def corrupt(node):
