@@ -36,8 +36,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "packaging"))
+sys.path[:0] = [str(ROOT / "packaging"), str(ROOT)]
 import node_engines as engines  # noqa: E402
+from tests.k8s.host_root import snapshot  # noqa: E402
 
 CRI = engines.CRI
 NAMESPACE = "hami-k8s-check"
@@ -55,14 +56,6 @@ def run(argv, timeout=600, check=True, **kw):
         raise SystemExit(f"k8s-check: {' '.join(map(str, argv))} failed ({proc.returncode}):\n"
                          f"{proc.stdout[-4000:]}")
     return proc
-
-
-def snapshot(root: Path) -> dict:
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        out[rel] = (os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else None)
-    return out
 
 
 class Containerd:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.k8s.host_root import snapshot
 
 sys.path.insert(0, str(ROOT / "packaging"))
 import node_engines as engines  # noqa: E402
@@ -36,15 +37,6 @@ def containerd_default() -> str:
     assert "version = 2" in text and "imports = []" in text
     # the node runs systemd cgroups, as kubelet nodes do: the handler must too
     return text.replace("SystemdCgroup = false", "SystemdCgroup = true")
-
-
-def snapshot(root: Path) -> dict:
-    """Every path under root: its bytes (files), its target (links), or None (dirs)."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        out[rel] = (os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else None)
-    return out
 
 
 @pytest.fixture
