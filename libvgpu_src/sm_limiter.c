@@ -31,8 +31,9 @@
  *   after the driver's launch call has returned (and its dispatch): the events
  *   would bill that gap, a large part of a short kernel. So such a launch's
  *   measurement loses the CPU time from the start event's record to the launch
- *   call's return (never more than half of it); what the GPU adds after that
- *   is left to the NVML correction below.
+ *   call's return (never more than half of it, nor four times the least such gap
+ *   lately: a call held up after the kernel was queued would hide kernel time);
+ *   what the GPU adds after that is left to the NVML correction below.
  * - Launches measured but not yet harvested are bounded (SM_PROBES, and two or
  *   SM_INFLIGHT_NS of estimated work; one until a first measurement exists):
  *   a process cannot run further ahead of its measurements than that.
@@ -108,9 +109,9 @@ struct sm_probe {
     CUevent start, end;
     CUcontext ctx;                               /* context the events were created in */
     int64_t charged_ns;
-    int64_t recorded_ns;                         /* CPU clock after the start event's record */
-    int64_t idle_gap_ns;                         /* record to launch return, when nothing was in flight */
-    int idle;                                    /* nothing of ours in flight at the record */
+    int64_t idle_since_ns;                       /* CPU clock after the start event's record, when
+                                                    nothing was in flight (else 0) ... */
+    int64_t idle_gap_ns;                         /* ... to the launch call's return */
     int billed;                                  /* 0: launched while alone, nothing to charge */
     int state;
 };
@@ -123,6 +124,7 @@ struct sm_local {
     int in_use;                                  /* probes not FREE */
     int measured_once;
     int64_t estimate_ns;                         /* running mean of charged launches */
+    int64_t gap_floor_ns;                        /* the least launch gap lately (creeps up) */
     /* occupancy correction */
     double factor;                               /* charge = measured x factor */
     int64_t measured_ns;                         /* cumulative raw measurements */
@@ -272,6 +274,23 @@ static void sm_probe_release(struct sm_local *loc, struct sm_probe *p)
         loc->head++;
 }
 
+/* What of a measurement (ns) a launch gap takes off: the gap, but never more than
+ * four times the least gap lately, nor half the measurement. A gap far above the least
+ * (the thread held up inside the driver's call, a signal handler there) may hide
+ * kernel time, so it is not taken whole; the floor creeps up 1/64 a launch so that
+ * it follows a driver whose launches became slower. */
+static int64_t sm_gap_taken(struct sm_local *loc, int64_t gap, int64_t ns)
+{
+    if (gap <= 0)
+        return 0;
+    if (!loc->gap_floor_ns || gap < loc->gap_floor_ns)
+        loc->gap_floor_ns = gap;
+    else
+        loc->gap_floor_ns += loc->gap_floor_ns / 64 + 1;
+    int64_t taken = gap < 4 * loc->gap_floor_ns ? gap : 4 * loc->gap_floor_ns;
+    return taken < ns / 2 ? taken : ns / 2;
+}
+
 /* Charges what finished launches really used, oldest first; never waits. */
 static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
 {
@@ -290,7 +309,7 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
         float ms = 0;
         if (r == CUDA_SUCCESS && sm_drv.event_elapsed(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
             int64_t ns = (int64_t)((double)ms * 1e6);
-            ns -= p->idle_gap_ns < ns / 2 ? p->idle_gap_ns : ns / 2;
+            ns -= sm_gap_taken(loc, p->idle_gap_ns, ns);
             int64_t used = (int64_t)((double)ns * loc->factor);
             loc->measured_ns += ns;
             if (p->billed)
@@ -568,8 +587,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         struct sm_probe *p = &loc->probes[idx];
         int idle = loc->in_use == 0;             /* harvested just now: all earlier ones done */
         if (sm_drv.event_record(p->start, stream) == CUDA_SUCCESS) {
-            p->recorded_ns = hami_now_ns();
-            p->idle = idle;
+            p->idle_since_ns = idle ? hami_now_ns() : 0;
             p->idle_gap_ns = 0;
             p->state = PROBE_ARMED;
             p->charged_ns = estimate;
@@ -613,8 +631,8 @@ static void sm_after_slow(int dev, CUstream stream, CUresult result)
             sm_charge(loc, st, -p->charged_ns);  /* nothing ran: give the estimate back */
             sm_probe_release(loc, p);
         } else {
-            if (p->idle)
-                p->idle_gap_ns = hami_now_ns() - p->recorded_ns;
+            if (p->idle_since_ns)
+                p->idle_gap_ns = hami_now_ns() - p->idle_since_ns;
             if (sm_drv.event_record(p->end, stream) == CUDA_SUCCESS)
                 p->state = PROBE_FLYING;
             else
