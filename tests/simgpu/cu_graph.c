@@ -852,8 +852,10 @@ static void run_node(void *arg)
             for (size_t i = 0; i < d->width; i++)
                 memcpy(dst + i * d->elem, &d->value, d->elem);  /* little-endian: the low bytes */
     }
-    if (d->type == CU_GRAPH_NODE_TYPE_HOST)
+    if (d->type == CU_GRAPH_NODE_TYPE_HOST) {
         d->fn(d->user);
+        sim_stream_gpu_reach(sim_now_ns());   /* the graph's later nodes waited for the host */
+    }
 }
 
 /* Whether e has a node of `type` for allocation ga. */

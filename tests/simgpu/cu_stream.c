@@ -95,7 +95,8 @@ static void sleep_until(uint64_t t_ns)
 static __thread struct sim_stream *running_stream;
 static __thread uint64_t running_submit_ns;
 
-uint64_t sim_stream_gpu_time(void)
+/* When the stream's GPU timeline starts the operation its worker runs now. */
+static uint64_t sim_stream_gpu_time(void)
 {
     struct sim_stream *s = running_stream;
     if (!s)

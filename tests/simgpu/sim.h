@@ -260,9 +260,8 @@ void sim_ctx_streams_destroy(struct sim_ctx *ctx);
 struct sim_ctx *sim_stream_ctx(struct sim_stream *s);
 /* Queues a kernel of `dur_us` microseconds; fn (may be NULL) runs on the worker in order. */
 void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us);
-/* In an operation a stream's worker runs: when the stream's GPU timeline starts it; and
- * that the operation kept the stream busy until t_ns (a wait, a host function). */
-uint64_t sim_stream_gpu_time(void);
+/* In an operation a stream's worker runs: it kept the stream busy until t_ns (a wait, a
+ * host function), so the stream's later work starts after that. */
 void sim_stream_gpu_reach(uint64_t t_ns);
 void sim_stream_enqueue_call(struct sim_stream *s, void (*fn)(void *), void *arg);
 /* Whether the stream is being destroyed (an operation that waits on memory gives up then). */

@@ -178,6 +178,35 @@ def test_events_read_the_gpu_timeline_not_the_stream_thread(run_py, us):
     assert us + 5 <= again <= us + 500, again
 
 
+@pytest.mark.parametrize("how", ["stream", "graph"])
+def test_a_host_function_holds_the_stream_timeline(run_py, how):
+    """Work queued after a host function (cuLaunchHostFunc, or a graph's host node) starts
+    once the function has returned: 20 ms of host time lie between the events around it."""
+    ms = json.loads(run_py("""
+        import json
+        c = Cuda(); c.init(0); s = c.stream()
+        a, b = c.event(), c.event()
+        c.kernel(1000, s); c.sync(s)
+        slow = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: time.sleep(0.02))
+        graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
+        if "{how}" == "graph":
+            c.call("cuStreamBeginCapture_v2", s, 2)          # relaxed
+        else:
+            c.call("cuEventRecord", a, s)
+        c.call("cuLaunchHostFunc", s, slow, None)
+        c.kernel(1000, s)
+        if "{how}" == "graph":
+            c.call("cuStreamEndCapture", s, ctypes.byref(graph))
+            c.call("cuGraphInstantiateWithFlags", ctypes.byref(exec_), graph, ctypes.c_ulonglong(0))
+            c.call("cuEventRecord", a, s)
+            c.call("cuGraphLaunch", exec_, s)
+        c.call("cuEventRecord", b, s)
+        c.sync(s)
+        print(json.dumps(c.elapsed_ms(a, b)))
+    """.format(how=how)))
+    assert 21 <= ms < 200, ms
+
+
 def test_two_contexts_time_slice_a_long_kernel(spawn_py, run_py, sim_env, tmp_path):
     """Contexts share the GPU by time slices: a 6 ms kernel of one process, with another's 6 ms
     kernel ready 1 ms later, runs one slice (2 ms), yields a slice to the other, and so on
