@@ -73,6 +73,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -97,6 +98,7 @@
 #define SM_RECENT_NS 400000000LL                 /* ... stamped no longer ago than this */
 #define SM_NVML_RETRY_NS 10000000000LL           /* pid unknown to NVML: ask again after 10 s */
 #define SM_NVML_MAX_PROCS 64
+#define SM_NVML_MAX_SAMPLES 65536                /* the most utilisation samples we make room for */
 #define SM_FACTOR_MIN 0.25                       /* a kernel time-sliced with others can read 2-4x its run */
 #define SM_SMOOTHING 3.0                         /* each tick moves a third of the way */
 #define SM_PID_INIT_NS_INO 0xEFFFFFFCUL          /* inode of the host's pid namespace */
@@ -140,6 +142,7 @@ struct sm_local {
     int64_t nvml_retry_ns;
     nvmlDevice_t nvml_dev;
     unsigned int nvml_pid;
+    nvmlReturn_t nvml_said;                      /* the last failure logged, not to repeat it */
 };
 
 struct sm_driver {
@@ -436,18 +439,55 @@ static int sm_nvml_open(struct sm_local *loc, int64_t now)
 
 enum { SM_ALONE = 0, SM_WITH_OWN = 1, SM_WITH_FOREIGN = 2 };
 
+/* The driver answers a utilisation buffer smaller than its own sample buffer
+ * with INSUFFICIENT_SIZE and the size it wants (the documented sizing call;
+ * 100 samples on 580 drivers, however few processes ran), so each device's
+ * buffer grows to what the driver asks. Outside sm_local: a forked child keeps
+ * it. Used under that device's loc->lock. */
+static struct {
+    nvmlProcessUtilizationSample_t *buf;
+    unsigned int cap;
+} sm_samples[HAMI_MAX_DEVICES];
+
+static nvmlReturn_t sm_nvml_samples(int dev, nvmlDevice_t handle, unsigned long long since, unsigned int *count)
+{
+    for (;;) {
+        *count = sm_samples[dev].cap;
+        nvmlReturn_t rc = sm_drv.nvml_process_util(handle, sm_samples[dev].buf, count, since);
+        if (rc != NVML_ERROR_INSUFFICIENT_SIZE || *count <= sm_samples[dev].cap || *count > SM_NVML_MAX_SAMPLES)
+            return rc;
+        void *grown = realloc(sm_samples[dev].buf, *count * sizeof(nvmlProcessUtilizationSample_t));
+        if (!grown)
+            return rc;
+        sm_samples[dev].buf = grown;
+        sm_samples[dev].cap = *count;
+    }
+}
+
 /* This process's SM use over the last second as NVML reports it, in percent
  * (-1 if none); *company says who else used the device meanwhile: another
  * container (its board entry was active), else processes of this container
  * (samples of pids in its region: only this container can mislead itself), or
- * nobody. */
-static int sm_nvml_util(struct sm_local *loc, int *company)
+ * nobody. The samples asked for are those since one window ago (CPU time, µs):
+ * with 0 the driver averages its whole sample buffer, seconds old. */
+static int sm_nvml_util(struct sm_local *loc, int dev, int *company)
 {
-    nvmlProcessUtilizationSample_t samples[SM_NVML_MAX_PROCS];
-    unsigned int count = SM_NVML_MAX_PROCS;
     *company = hami_activity_others(SM_NVML_WINDOW_NS) > 0 ? SM_WITH_FOREIGN : SM_ALONE;
-    if (sm_drv.nvml_process_util(loc->nvml_dev, samples, &count, 0) != NVML_SUCCESS)
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    unsigned long long since =
+        (unsigned long long)wall.tv_sec * 1000000ULL + (unsigned long long)wall.tv_nsec / 1000ULL -
+        (unsigned long long)(SM_NVML_WINDOW_NS / 1000);
+    unsigned int count;
+    nvmlReturn_t rc = sm_nvml_samples(dev, loc->nvml_dev, since, &count);
+    if (rc != NVML_SUCCESS) {
+        if (rc != NVML_ERROR_NOT_FOUND && rc != loc->nvml_said)
+            hami_info("SM limit: NVML's process utilisation answered %d (%u samples wanted); "
+                      "launches are charged as measured", (int)rc, count);
+        loc->nvml_said = rc;
         return -1;
+    }
+    const nvmlProcessUtilizationSample_t *samples = sm_samples[dev].buf;
     int util = -1;
     unsigned long long newest = 0;
     for (unsigned int i = 0; i < count; i++) {
@@ -467,7 +507,7 @@ static int sm_nvml_util(struct sm_local *loc, int *company)
  * the same second. Their ratio below 1 is time measured but not run (the GPU's
  * dispatch, waits behind other containers' work), and the charge factor
  * follows it. */
-static void sm_correct(struct sm_local *loc, int64_t now)
+static void sm_correct(struct sm_local *loc, int dev, int64_t now)
 {
     if (now < loc->next_tick_ns)
         return;
@@ -496,7 +536,7 @@ static void sm_correct(struct sm_local *loc, int64_t now)
         measured * 50 < span)                   /* under 2 %: too little to judge */
         return;
     int company;
-    int util = sm_nvml_util(loc, &company);
+    int util = sm_nvml_util(loc, dev, &company);
     if (util < 0)
         return;
     double ratio = (double)util / 100.0 * (double)span / (double)measured;
@@ -548,7 +588,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         int64_t now = hami_now_ns();
         if (sm_events_ok) {
             sm_harvest(loc, st, dev);
-            sm_correct(loc, now);
+            sm_correct(loc, dev, now);
         }
         sm_refill(st, share, now);
         sm_refill(&loc->own, share, now);

@@ -22,10 +22,11 @@ import gpu_env  # noqa: E402
 
 
 def start(work: Path, name: str, pct: int, policy: str, kernel_us: int, seconds: int, mode: str = "time",
-          board: Path | None = None, start_at: int = 0, libvgpu: Path = LIBVGPU) -> subprocess.Popen:
+          board: Path | None = None, start_at: int = 0, libvgpu: Path = LIBVGPU,
+          log_level: int = 1) -> subprocess.Popen:
     env = gpu_env.container_env(work, name, CARD_UUID, board=board)
     env.update(LD_PRELOAD=str(libvgpu), LD_LIBRARY_PATH=str(SIM_LIB), HAMI_SIM_STATE=str(work / "sim.state"),
-               CUDA_DEVICE_SM_LIMIT=str(pct), GPU_CORE_UTILIZATION_POLICY=policy)
+               CUDA_DEVICE_SM_LIMIT=str(pct), GPU_CORE_UTILIZATION_POLICY=policy, LIBCUDA_LOG_LEVEL=str(log_level))
     argv = PROBE + ["--kernel-us", str(kernel_us), "--seconds", str(seconds), "--mode", mode]
     if start_at:
         argv += ["--start-at", str(start_at)]

@@ -38,3 +38,15 @@ def test_force_share_of_short_kernels_is_gpu_time(tmp_path, kernel_us, pct):
 def test_two_containers_split_short_kernels_30_70(tmp_path, policy):
     split = sim_probe.pair_split(tmp_path, policy, 50, SECONDS)
     assert abs(split - 30) <= POINTS, split
+
+
+@pytest.mark.timeout(120)
+def test_the_nvml_correction_reads_the_driver_as_it_answers(tmp_path):
+    """The driver wants a utilisation buffer as large as its own sample buffer, however few
+    processes ran (100 entries on a 580 driver; the simulator answers the same): the limiter
+    takes the size it is told, so its NVML correction runs. On the H200 a 64-entry buffer got
+    INSUFFICIENT_SIZE at every tick and the correction never ran."""
+    proc = sim_probe.start(tmp_path, "alone", 30, "force", 50, 2, log_level=4)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "SM limit: NVML" in err and "process utilisation answered" not in err, err[-2000:]

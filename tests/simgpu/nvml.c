@@ -358,7 +358,11 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 }
 
 /* One sample per process that ran kernels in the last second: its busy share of that
- * second, stamped (CPU time, µs) with the end of its last kernel in it. */
+ * second, stamped (CPU time, µs) with the end of its last kernel in it. The caller's
+ * buffer must hold the driver's whole sample buffer, however few samples there are:
+ * a smaller one gets INSUFFICIENT_SIZE and that size (the documented sizing call
+ * answers it; a 580 driver answers 100 on an H200 with two processes). */
+#define SIM_UTIL_SAMPLE_BUFFER 100
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
                                              unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
 {
@@ -386,8 +390,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
         *processSamplesCount = 0;
         return NVML_ERROR_NOT_FOUND;
     }
-    if (!utilization || *processSamplesCount < n) {
-        *processSamplesCount = n;
+    unsigned wanted = n > SIM_UTIL_SAMPLE_BUFFER ? n : SIM_UTIL_SAMPLE_BUFFER;
+    if (!utilization || *processSamplesCount < wanted) {
+        *processSamplesCount = wanted;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     memcpy(utilization, samples, n * sizeof *samples);
