@@ -1,0 +1,109 @@
+"""What the NVML calls libvgpu makes around a process's first context cost on this node's driver,
+with no libvgpu loaded (ctypes; no PyTorch):
+
+    python3 bench/gpu/init_costs.py [--processes 7]
+
+Each fresh process times, in the order libvgpu meets them: cuInit; nvmlInit_v2 after it (serial),
+on a thread started with cuInit (overlapped), or nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH) after
+it (no_attach: no GPU attached at init, the one asked for at its first handle); a device handle by
+UUID; the two snapshot
+queries (memory info, the running compute processes) before the primary context; the primary
+context's creation; the same two queries after it. Medians over the processes, in ms, one JSON
+object on the last line. Where context creation under libvgpu costs more than bare
+(tests/gpu's CUDA-init bar), these say which call it is.
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+NVML_MAX_PROCS = 256
+
+
+class ProcessInfo(ctypes.Structure):  # nvmlProcessInfo_v2_t (the _v3 query's record)
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+def timed(marks: dict, name: str, call):
+    start = time.perf_counter()
+    result = call()
+    marks[name] = (time.perf_counter() - start) * 1000
+    return result
+
+
+NVML_INIT_FLAG_NO_ATTACH = 2
+
+
+def child(way: str) -> dict:
+    marks = {}
+    cuda = ctypes.CDLL("libcuda.so.1")
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    nvml_init = {}
+    start_nvml = (lambda: nvml.nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH)) if way == "no_attach" else nvml.nvmlInit_v2
+    worker = threading.Thread(target=lambda: timed(nvml_init, "nvml_init_ms", start_nvml))
+    if way == "overlapped":
+        start = time.perf_counter()
+        worker.start()
+        timed(marks, "cuinit_ms", lambda: cuda.cuInit(0))
+        worker.join()
+        marks["cuinit_and_nvml_init_ms"] = (time.perf_counter() - start) * 1000
+    else:
+        timed(marks, "cuinit_ms", lambda: cuda.cuInit(0))
+        worker.start()
+        worker.join()
+    marks.update(nvml_init)
+    dev = ctypes.c_int()
+    cuda.cuDeviceGet(ctypes.byref(dev), 0)
+    uuid = ctypes.create_string_buffer(96)
+    handle = ctypes.c_void_p()
+    timed(marks, "uuid_and_handle_ms", lambda: (nvml.nvmlDeviceGetUUID(handle_by_index(nvml), uuid, 96),
+                                                nvml.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(handle))))
+
+    def snapshot(prefix):
+        memory = (ctypes.c_ulonglong * 3)()
+        timed(marks, prefix + "_memory_info_ms", lambda: nvml.nvmlDeviceGetMemoryInfo(handle, memory))
+        procs = (ProcessInfo * NVML_MAX_PROCS)()
+        count = ctypes.c_uint(NVML_MAX_PROCS)
+        timed(marks, prefix + "_processes_ms",
+              lambda: nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), procs))
+
+    snapshot("before")
+    ctx = ctypes.c_void_p()
+    timed(marks, "context_ms", lambda: cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
+    snapshot("after")
+    return marks
+
+
+def handle_by_index(nvml) -> ctypes.c_void_p:
+    handle = ctypes.c_void_p()
+    nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+    return handle
+
+
+WAYS = ("serial", "overlapped", "no_attach")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--processes", type=int, default=7)
+    parser.add_argument("--child", choices=WAYS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child)))
+        return
+    result = {}
+    for way in WAYS:
+        runs = [json.loads(subprocess.run([sys.executable, __file__, "--child", way], check=True,
+                                          capture_output=True, text=True).stdout.splitlines()[-1])
+                for _ in range(args.processes)]
+        result[way] = {key: round(statistics.median(r[key] for r in runs), 3) for key in runs[0]}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
