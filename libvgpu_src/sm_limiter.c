@@ -43,13 +43,12 @@
  *   launch is inside them. Every SM_TICK_NS the process compares what NVML
  *   says its kernels ran over the last second with what it measured, and
  *   measurements are charged scaled by that ratio (smoothed, in
- *   [SM_FACTOR_MIN, 1]) while it is alone on the device. The factor never
+ *   [SM_FACTOR_MIN, 1]), alone or beside other containers. The factor never
  *   exceeds 1, so the correction can only give back time that was not used;
  *   without NVML, or without knowing the pid NVML knows us by, it stays 1.
- *   Beside other processes, its container's or another's, it goes back to 1:
- *   their kernels are the container's to pay, and beside another container's
- *   time slices the correction made the split worse on the H200 (30 % and 70 %
- *   under `default`: 41.6 : 58.4 with it, 34.8 : 65.2 without).
+ *   Beside other processes of its own container it goes back to 1: their
+ *   kernels are the container's to pay, and waits behind them are rare (the
+ *   shared bucket spaces them).
  * - Everything shared is updated with atomics; no lock spans processes, so a
  *   process killed at any instant leaves at most its estimates charged.
  * - The region is the container's to write, so its bucket is not trusted
@@ -542,7 +541,7 @@ static void sm_correct(struct sm_local *loc, int dev, int64_t now)
         return;
     double ratio = (double)util / 100.0 * (double)span / (double)measured;
     double target = 1.0;
-    if (company == SM_ALONE && all_measured)
+    if (company == SM_WITH_FOREIGN || (company == SM_ALONE && all_measured))
         target = ratio > 1.0 ? 1.0 : ratio < SM_FACTOR_MIN ? SM_FACTOR_MIN : ratio;
     else if (company == SM_ALONE)
         target = loc->factor;                    /* launches went unmeasured: nothing to judge by */
