@@ -18,12 +18,19 @@ PROBE = [sys.executable, str(gpu_env.DRIVER_PROBE)]
 SECONDS = 5
 
 
+def limiter_lines(stderr: str) -> list:
+    """The SM limiter's last NVML lines (LIBCUDA_LOG_LEVEL=4): what NVML read of this process, what
+    it measured, the charge factor; or why NVML's correction is off."""
+    return [line.split("SM limit: ", 1)[1] for line in stderr.splitlines() if "SM limit: " in line
+            and ("NVML" in line or "pid is unknown" in line)][-6:]
+
+
 def driver_probe(args, libvgpu=True, timeout=120, **env):
     extra = {"LD_PRELOAD": gpu_env.LIBVGPU} if libvgpu else {}
     argv = PROBE + [str(a) for a in args]
     out = subprocess.run(argv, env=gpu_env.clean_env(**extra, **env), capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, gpu_env.failure(argv, out)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "limiter": limiter_lines(out.stderr)}
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +58,10 @@ def test_the_measure_sees_an_unlimited_gpu_busy(figures):
 def test_force_holds_the_share_of_gpu_time(pct, kernel_us, figures):
     """Bar: at 30 and 60 % the GPU is busy that fraction of the time within ±3 points, per-second
     jitter ≤ 5, for kernels from 50 µs to 5 ms; `force` alone (no one else on the GPU)."""
-    got = busy(kernel_us, CUDA_DEVICE_SM_LIMIT=pct, GPU_CORE_UTILIZATION_POLICY="force")
+    got = busy(kernel_us, CUDA_DEVICE_SM_LIMIT=pct, GPU_CORE_UTILIZATION_POLICY="force", LIBCUDA_LOG_LEVEL="4")
     jitter = max(abs(s - pct) for s in got["per_second_pct"])
     figures.update(busy_pct=got["busy_pct"], jitter_points=jitter, per_second_pct=got["per_second_pct"],
-                   kernel_us_median=got["kernel_us_median"], kernels=got["kernels"])
+                   kernel_us_median=got["kernel_us_median"], kernels=got["kernels"], limiter_nvml=got["limiter"])
     assert abs(got["busy_pct"] - pct) <= 3, got
     assert jitter <= 5, got["per_second_pct"]
 
@@ -90,7 +97,7 @@ def test_default_two_containers_split_30_70(tmp_path, uuid, figures):
         assert proc.returncode == 0, gpu_env.failure(proc.args, done)
         got.append(json.loads(out.strip().splitlines()[-1]))
         # what NVML said of each one's time slices beside the other's: the charge factor's source
-        nvml.append([line.split("SM limit: ", 1)[1] for line in err.splitlines() if "SM limit: NVML" in line][-6:])
+        nvml.append(limiter_lines(err))
     work = [g["kernels_in_window"] for g in got]
     split = 100 * work[0] / sum(work)
     figures.update(split_30=split, kernels=work, busy_pct=[g["busy_pct"] for g in got],
