@@ -6,10 +6,10 @@ with no libvgpu loaded (ctypes; no PyTorch):
 Each fresh process times, in the order libvgpu meets them: cuInit; nvmlInit_v2 after it (serial),
 on a thread started with cuInit (overlapped), or nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH) after
 it (no_attach: no GPU attached at init, the one asked for at its first handle); a device handle by
-UUID; the two snapshot
-queries (memory info, the running compute processes) before the primary context; the primary
-context's creation; the same two queries after it. Medians over the processes, in ms, one JSON
-object on the last line. Where context creation under libvgpu costs more than bare
+UUID; the two snapshot queries (memory info, the running compute processes) before the primary
+context; the primary context's creation; the same two queries after it. Medians over the
+processes, in ms, one JSON object on the last line; a way whose process failed says how (on an
+H200 with driver 580.159.04 no_attach died of SIGSEGV). Where context creation under libvgpu costs more than bare
 (tests/gpu's CUDA-init bar), these say which call it is.
 """
 import argparse
@@ -98,9 +98,13 @@ def main() -> None:
         return
     result = {}
     for way in WAYS:
-        runs = [json.loads(subprocess.run([sys.executable, __file__, "--child", way], check=True,
-                                          capture_output=True, text=True).stdout.splitlines()[-1])
-                for _ in range(args.processes)]
+        try:
+            runs = [json.loads(subprocess.run([sys.executable, __file__, "--child", way], check=True,
+                                              capture_output=True, text=True).stdout.splitlines()[-1])
+                    for _ in range(args.processes)]
+        except subprocess.CalledProcessError as failed:
+            result[way] = {"failed": str(failed)}
+            continue
         result[way] = {key: round(statistics.median(r[key] for r in runs), 3) for key in runs[0]}
     print(json.dumps(result))
 
