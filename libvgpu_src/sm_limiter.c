@@ -98,6 +98,7 @@
 #define SM_RECENT_NS 400000000LL                 /* ... stamped no longer ago than this */
 #define SM_NVML_RETRY_NS 10000000000LL           /* pid unknown to NVML: ask again after 10 s */
 #define SM_NVML_MAX_PROCS 64
+#define SM_SAMPLE_EVERY 2000                     /* a measured launch in so many is logged at debug */
 #define SM_NVML_MAX_SAMPLES 65536                /* the most utilisation samples we make room for */
 #define SM_FACTOR_MIN 0.25                       /* a kernel time-sliced with others can read 2-4x its run */
 #define SM_SMOOTHING 3.0                         /* each tick moves a third of the way */
@@ -127,6 +128,7 @@ struct sm_local {
     int measured_once;
     int64_t estimate_ns;                         /* running mean of charged launches */
     int64_t gap_floor_ns;                        /* the least launch gap lately (creeps up) */
+    uint64_t harvested;                          /* launches measured (for the sampled debug line) */
     /* occupancy correction */
     double factor;                               /* charge = measured x factor */
     int64_t measured_ns;                         /* cumulative raw measurements */
@@ -312,8 +314,12 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
         float ms = 0;
         if (r == CUDA_SUCCESS && sm_drv.event_elapsed(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
             int64_t ns = (int64_t)((double)ms * 1e6);
-            ns -= sm_gap_taken(loc, p->idle_gap_ns, ns);
+            int64_t taken = sm_gap_taken(loc, p->idle_gap_ns, ns);
+            ns -= taken;
             int64_t used = (int64_t)((double)ns * loc->factor);
+            if (++loc->harvested % SM_SAMPLE_EVERY == 1)   /* what a real GPU's events hold, now and then */
+                hami_debug("SM limit: a launch measured %.1f us, launch gap %.1f us (%.1f taken), charged %.1f us",
+                           (double)ms * 1e3, (double)p->idle_gap_ns / 1e3, (double)taken / 1e3, (double)used / 1e3);
             loc->measured_ns += ns;
             if (p->billed)
                 sm_charge(loc, st, used - p->charged_ns);

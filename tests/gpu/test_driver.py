@@ -19,10 +19,12 @@ SECONDS = 5
 
 
 def limiter_lines(stderr: str) -> list:
-    """The SM limiter's last NVML lines (LIBCUDA_LOG_LEVEL=4): what NVML read of this process, what
-    it measured, the charge factor; or why NVML's correction is off."""
-    return [line.split("SM limit: ", 1)[1] for line in stderr.splitlines() if "SM limit: " in line
-            and ("NVML" in line or "pid is unknown" in line)][-6:]
+    """The SM limiter's last lines of each kind (LIBCUDA_LOG_LEVEL=4): what NVML read of this
+    process, what it measured and the charge factor, or why NVML's correction is off; and a
+    sampled launch's measurement against its launch gap."""
+    lines = [line.split("SM limit: ", 1)[1] for line in stderr.splitlines() if "SM limit: " in line]
+    return ([line for line in lines if "NVML" in line or "pid is unknown" in line][-6:]
+            + [line for line in lines if line.startswith("a launch measured")][-4:])
 
 
 def driver_probe(args, libvgpu=True, timeout=120, **env):
