@@ -4,7 +4,9 @@
 # with the built tree at /opt/hami-runtime and its wheelhouse (scripts/k8s_image.py).
 # Load it with `podman load -i` or `ctr -n k8s.io images import` on each node.
 # make k8s-check (not part of make test): tests/k8s, then that image run in a
-# real container against a host root in a temp dir (tests/k8s/k8s_check.py).
+# real container against a host root in a temp dir (tests/k8s/k8s_check.py), and
+# pods through CRI by the hami handler on the containerd it configured, on the
+# simulated GPU (tests/k8s/cri_check.py).
 K8S_IMAGE_ARGS ?=
 .PHONY: k8s-image k8s-check
 k8s-image: deps venv build

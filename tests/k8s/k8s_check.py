@@ -14,7 +14,10 @@ as make k8s-image packs it, imported and run for real.
    default`; the drop-in and the imports line it wrote checked;
 4. a second containerd started on the config it wrote (root, state, sockets and
    the conf.d import moved into the temp dir, nothing else changed): its merged
-   config has the hami handler, its CRI plugin loaded;
+   config has the hami handler, its CRI plugin loaded; then, on such a
+   containerd, pods through CRI by the hami handler on the simulated GPU (the
+   ConfigMap's config names it): a pod that asks for a slice by annotations and
+   a container given the device plugin's Allocate answer (cri_check.py);
 5. uninstall by the same image: config.toml byte-identical, the host root as
    before.
 Everything it made is removed; its last line says what it checked.
@@ -38,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "packaging"), str(ROOT)]
 import node_engines as engines  # noqa: E402
+from tests.k8s import cri_check  # noqa: E402
 from tests.k8s.host_root import snapshot  # noqa: E402
 
 CRI = engines.CRI
@@ -59,8 +63,9 @@ def run(argv, timeout=600, check=True, **kw):
 
 
 class Containerd:
-    def __init__(self, root: Path, config_text: str):
+    def __init__(self, root: Path, config_text: str, wrap=(), env=None):
         self.root = root
+        self.wrap, self.env = list(wrap), env  # a command containerd runs under, its env
         self.socket = root / "containerd.sock"
         self.config = root / "config.toml"
         self.config.write_text(config_text)
@@ -79,9 +84,9 @@ class Containerd:
 
     def __enter__(self):
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(["containerd", "--config", self.config], stdout=log,
+            self.proc = subprocess.Popen([*self.wrap, "containerd", "--config", self.config], stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, env=self.env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -92,19 +97,27 @@ class Containerd:
         raise SystemExit("k8s-check: containerd did not answer in 60s")
 
     def __exit__(self, *exc):
-        for cid in self.ctr("-n", NAMESPACE, "containers", "list", "-q", check=False).stdout.split():
-            self.ctr("-n", NAMESPACE, "tasks", "kill", "-s", "SIGKILL", cid, check=False)
-            self.ctr("-n", NAMESPACE, "tasks", "delete", "-f", cid, check=False)
-            self.ctr("-n", NAMESPACE, "containers", "delete", cid, check=False)
-        for ref in self.ctr("-n", NAMESPACE, "images", "list", "-q", check=False).stdout.split():
-            self.ctr("-n", NAMESPACE, "images", "remove", "--sync", ref, check=False)
-        self.ctr("namespaces", "remove", NAMESPACE, check=False)
+        for ns in (NAMESPACE, cri_check.K8S_NS):  # the CRI's namespace, where its cleanup failed
+            for cid in self.ctr("-n", ns, "containers", "list", "-q", check=False).stdout.split():
+                self.ctr("-n", ns, "tasks", "kill", "-s", "SIGKILL", cid, check=False)
+                self.ctr("-n", ns, "tasks", "delete", "-f", cid, check=False)
+                self.ctr("-n", ns, "containers", "delete", cid, check=False)
+            for ref in self.ctr("-n", ns, "images", "list", "-q", check=False).stdout.split():
+                self.ctr("-n", ns, "images", "remove", "--sync", ref, check=False)
+            self.ctr("namespaces", "remove", ns, check=False)
         os.killpg(self.proc.pid, 15)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
+        # shims left (their own sessions) of a failed run: by the socket they serve
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if f"-address {self.socket} " in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
+                    os.kill(int(pid), 9)
+            except OSError:
+                pass
         # shims and mounts of the tasks are gone with the tasks; unmount what is left
         for line in reversed(Path("/proc/self/mounts").read_text().splitlines()):
             point = line.split()[1]
@@ -166,7 +179,7 @@ def main(argv=None) -> int:
             (host / python.lstrip("/")).symlink_to(python)
             node_config = tmp / "hami-node"
             node_config.mkdir()
-            (node_config / "config.toml").write_text("# the ConfigMap's config.toml\n")
+            (node_config / "config.toml").write_text("# the ConfigMap's config.toml\n" + cri_check.node_config(tmp))
             before = snapshot(host)
 
             def in_image(cid, *cmd):
@@ -198,17 +211,19 @@ def main(argv=None) -> int:
                 f"imports line added to config.toml")
             checked.append("install by the image (drop-in, imports, tree)")
             # 4. containerd on the config written
+            def moved(node_dir):
+                node_dir.mkdir()
+                text = config
+                for old, new in ((f'"{engines.CONTAINERD_IMPORT}"', f'"{host}{engines.CONTAINERD_IMPORT}"'),
+                                 ('root = "/var/lib/containerd"', f'root = "{node_dir / "root"}"'),
+                                 ('state = "/run/containerd"', f'state = "{node_dir / "state"}"'),
+                                 ('address = "/run/containerd/containerd.sock"',
+                                  f'address = "{node_dir / "containerd.sock"}"')):
+                    assert text.count(old) == 1, old
+                    text = text.replace(old, new)
+                return text
             node_dir = tmp / "node-containerd"
-            node_dir.mkdir()
-            text = config
-            for old, new in ((f'"{engines.CONTAINERD_IMPORT}"', f'"{host}{engines.CONTAINERD_IMPORT}"'),
-                             ('root = "/var/lib/containerd"', f'root = "{node_dir / "root"}"'),
-                             ('state = "/run/containerd"', f'state = "{node_dir / "state"}"'),
-                             ('address = "/run/containerd/containerd.sock"',
-                              f'address = "{node_dir / "containerd.sock"}"')):
-                assert text.count(old) == 1, old
-                text = text.replace(old, new)
-            with Containerd(node_dir, text) as node:
+            with Containerd(node_dir, moved(node_dir)) as node:
                 merged = tomllib.loads(run(["containerd", "--config", node.config, "config", "dump"]).stdout)
                 runtimes = merged["plugins"][CRI]["containerd"]["runtimes"]
                 assert runtimes["hami"]["options"]["BinaryName"] == binary, runtimes["hami"]
@@ -219,6 +234,10 @@ def main(argv=None) -> int:
                 assert cri and cri[0].split()[-1] == "ok", plugins
                 say(f"containerd on the written config: handlers {sorted(runtimes)}, CRI plugin ok")
                 checked.append("containerd started on it has the hami handler")
+            # ... and pods through its CRI (on copies that run here: cgroupfs, a local sandbox image)
+            dropin_text = (host / engines.CONTAINERD_DROPIN.lstrip("/")).read_text()
+            checked += cri_check.check(Containerd, tmp / "node-cri", moved(tmp / "node-cri"), dropin_text,
+                                       host, tmp, f"{host}{engines.CONTAINERD_IMPORT}")
             # 5. uninstall by the image
             proc = in_image("hami-k8s-check-uninstall", "python3", "/opt/hami-runtime/packaging/node_installer.py",
                             "uninstall", "--host-root=/host", "--prefix=/usr/local/hami")
