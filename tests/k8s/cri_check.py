@@ -31,8 +31,7 @@ wrote are not changed.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
+import importlib.util
 import io
 import json
 import os
@@ -47,7 +46,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM = ROOT / "build" / "sim"
-PROTO = Path(__file__).with_name("cri_v1.proto")
 K8S_NS = "k8s.io"
 PAUSE_REF = "docker.io/hami-k8s-check/pause:1"
 GPU_REF = "docker.io/hami-k8s-check/gpu:1"
@@ -114,35 +112,20 @@ def _rootfs_tar() -> bytes:
     return buf.getvalue()
 
 
-def write_image(path: Path, ref: str, layer: bytes, entrypoint: list) -> None:
-    """An OCI image archive of one layer that ctr images import names `ref`."""
-    blobs = {}
+def write_image(path: Path, ref: str, layer: bytes, cmd: tuple) -> None:
+    """An image archive of one layer that ctr images import names `ref` (the probe image's
+    writer, scripts/probe/build_image.py)."""
+    layer_tar = path.with_suffix(".layer.tar")
+    layer_tar.write_bytes(layer)
+    build_image().write_docker_archive(layer_tar, path, tag=ref, cmd=cmd)
+    layer_tar.unlink()
 
-    def blob(data: bytes, media: str) -> dict:
-        digest = hashlib.sha256(data).hexdigest()
-        blobs[digest] = data
-        return {"mediaType": media, "digest": f"sha256:{digest}", "size": len(data)}
-    layer_desc = blob(layer, "application/vnd.oci.image.layer.v1.tar")
-    config = {"architecture": "amd64", "os": "linux",
-              "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
-              "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]}}
-    config_desc = blob(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": config_desc, "layers": [layer_desc]}
-    manifest_desc = blob(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
-    manifest_desc["annotations"] = {"io.containerd.image.name": ref,
-                                    "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1]}
-    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-             "manifests": [manifest_desc]}
-    with tarfile.open(path, "w") as tar:
-        def add(name, data):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-        add("oci-layout", b'{"imageLayoutVersion": "1.0.0"}')
-        add("index.json", json.dumps(index).encode())
-        for digest, data in blobs.items():
-            add(f"blobs/sha256/{digest}", data)
+
+def build_image():
+    spec = importlib.util.spec_from_file_location("build_image", ROOT / "scripts" / "probe" / "build_image.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---- the mount namespace containerd runs in
@@ -214,33 +197,18 @@ def run_config(text: str, dropin: str, node_dir: Path, host_import: str) -> str:
 
 # ---- CRI
 
-def cri_modules(out: Path):
-    """runtime.v1's messages and stubs, compiled from cri_v1.proto into out."""
-    from grpc_tools import protoc
-    out.mkdir(exist_ok=True)
-    status = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}", f"--grpc_python_out={out}",
-                          str(PROTO)])
-    assert status == 0, f"protoc failed ({status})"
-    sys.path.insert(0, str(out))
-    try:
-        return importlib.import_module("cri_v1_pb2"), importlib.import_module("cri_v1_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
-
-
 class Cri:
+    """The kubelet's side: the engine tests' CRI client, and what it made here."""
+
     def __init__(self, socket: Path, tmp: Path):
-        import grpc
-        self.pb, grpc_mod = cri_modules(tmp / "cri-proto")
-        self.channel = grpc.insecure_channel(f"unix://{socket}")
-        self.runtime = grpc_mod.RuntimeServiceStub(self.channel)
-        self.images = grpc_mod.ImageServiceStub(self.channel)
+        from tests.engines.cri import client as cri_client  # ROOT is on the path: k8s_check.py
+        out = tmp / "cri-proto"
+        out.mkdir()
+        self.service = cri_client.RuntimeService(socket, cri_client.compile_messages(out), timeout=WAIT)
+        self.pb = self.service.messages
+        self.call = self.service.call
         self.logs = tmp / "pods"
         self.sandboxes, self.containers = [], []
-
-    def call(self, service, method, **fields):
-        rpc = getattr(service, method)
-        return rpc(getattr(self.pb, f"{method}Request")(**fields), timeout=WAIT)
 
     def sandbox(self, name: str, annotations: dict):
         pb = self.pb
@@ -251,7 +219,7 @@ class Cri:
             log_directory=str(logs), annotations=annotations,  # no hostname: the host's UTS namespace
             linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
                 namespace_options=pb.NamespaceOption(network=pb.NODE))))
-        sid = self.call(self.runtime, "RunPodSandbox", config=config, runtime_handler="hami").pod_sandbox_id
+        sid = self.call("RunPodSandbox", config=config, runtime_handler="hami").pod_sandbox_id
         self.sandboxes.append(sid)
         return sid, config
 
@@ -263,13 +231,13 @@ class Cri:
             metadata=pb.ContainerMetadata(name=name), image=pb.ImageSpec(image=GPU_REF),
             command=["sh", "-c", SMI], envs=[pb.KeyValue(key=k, value=v) for k, v in env.items()],
             annotations=annotations, log_path=f"{name}.log")
-        cid = self.call(self.runtime, "CreateContainer", pod_sandbox_id=sid, config=config,
+        cid = self.call("CreateContainer", pod_sandbox_id=sid, config=config,
                         sandbox_config=sandbox_config).container_id
         self.containers.append(cid)
-        self.call(self.runtime, "StartContainer", container_id=cid)
+        self.call("StartContainer", container_id=cid)
         deadline = time.monotonic() + WAIT
         while True:
-            status = self.call(self.runtime, "ContainerStatus", container_id=cid).status
+            status = self.call("ContainerStatus", container_id=cid).status
             if status.state == pb.CONTAINER_EXITED:
                 break
             assert time.monotonic() < deadline, f"container {name} still {status.state} after {WAIT}s"
@@ -281,18 +249,18 @@ class Cri:
 
     def remove_all(self) -> None:
         for cid in self.containers:
-            self.call(self.runtime, "StopContainer", container_id=cid, timeout=10)
-            self.call(self.runtime, "RemoveContainer", container_id=cid)
+            self.call("StopContainer", container_id=cid, timeout=10)
+            self.call("RemoveContainer", container_id=cid)
         self.containers.clear()
         for sid in self.sandboxes:
-            self.call(self.runtime, "StopPodSandbox", pod_sandbox_id=sid)
-            self.call(self.runtime, "RemovePodSandbox", pod_sandbox_id=sid)
+            self.call("StopPodSandbox", pod_sandbox_id=sid)
+            self.call("RemovePodSandbox", pod_sandbox_id=sid)
         self.sandboxes.clear()
         for ref in (GPU_REF, PAUSE_REF):
-            self.call(self.images, "RemoveImage", image=self.pb.ImageSpec(image=ref))
+            self.call("RemoveImage", service="ImageService", image=self.pb.ImageSpec(image=ref))
 
     def close(self) -> None:
-        self.channel.close()
+        self.service.close()
 
 
 # ---- the device plugin's Allocate, as the kubelet gets it
@@ -399,8 +367,8 @@ def check(engine_cls, node_dir: Path, text: str, dropin: str, host: Path, tmp: P
     layer = _rootfs_tar()
     images = tmp / "images"
     images.mkdir()
-    write_image(images / "pause.tar", PAUSE_REF, layer, ["/bin/sleep", "2147483647"])
-    write_image(images / "gpu.tar", GPU_REF, layer, ["/bin/sh"])
+    write_image(images / "pause.tar", PAUSE_REF, layer, ("/bin/sleep", "2147483647"))
+    write_image(images / "gpu.tar", GPU_REF, layer, ("/bin/sh",))
     before_mounts = Path("/proc/self/mounts").read_text()
     config = host / "usr/local/hami/etc/hami/config.toml"  # the installed one: the ConfigMap's
     node = engine_cls(node_dir, main, wrap=namespaced(spec), env=sim_env(tmp))
@@ -417,7 +385,7 @@ def check(engine_cls, node_dir: Path, text: str, dropin: str, host: Path, tmp: P
             node.ctr("-n", K8S_NS, "images", "import", images / archive)
         cri = Cri(node.socket, tmp)
         try:
-            version = cri.call(cri.runtime, "Version", version="v1")
+            version = cri.call("Version", version="v1")
             start = time.monotonic()
             pod = cri.sandbox("gpu-pod", {"hami.io/gpumem": str(GPUMEM), "hami.io/gpucores": str(GPUCORES)})
             out = cri.run(pod, "gpu", {}, {})

@@ -9,7 +9,7 @@ import grpc
 from grpc_tools import protoc
 
 PROTO = Path(__file__).with_name("runtime_v1_subset.proto")
-SERVICE = "/runtime.v1.RuntimeService/"
+PACKAGE = "/runtime.v1."
 
 
 def compile_messages(out_dir: Path):
@@ -30,10 +30,11 @@ class RuntimeService:
         self.timeout = timeout
         self.channel = grpc.insecure_channel(f"unix://{socket}")
 
-    def call(self, method: str, **fields):
+    def call(self, method: str, service: str = "RuntimeService", **fields):
+        """One unary call of `service` (RuntimeService, or ImageService)."""
         request = getattr(self.messages, f"{method}Request")(**fields)
         response = getattr(self.messages, f"{method}Response")
-        stub = self.channel.unary_unary(SERVICE + method,
+        stub = self.channel.unary_unary(f"{PACKAGE}{service}/{method}",
                                         request_serializer=request.__class__.SerializeToString,
                                         response_deserializer=response.FromString)
         return stub(request, timeout=self.timeout)
