@@ -447,7 +447,8 @@ enum { SM_ALONE = 0, SM_WITH_OWN = 1, SM_WITH_FOREIGN = 2 };
 
 /* The driver answers a utilisation buffer smaller than its own sample buffer
  * with INSUFFICIENT_SIZE and the size it wants (the documented sizing call;
- * 100 samples on 580 drivers, however few processes ran), so each device's
+ * drivers are reported to want their whole buffer, 100 samples, however few
+ * processes ran: on the H200 a 64-entry one never gave a figure), so each device's
  * buffer grows to what the driver asks. Outside sm_local: a forked child keeps
  * it. Used under that device's loc->lock. */
 static struct {

@@ -43,9 +43,9 @@ def test_two_containers_split_short_kernels_30_70(tmp_path, policy):
 @pytest.mark.timeout(120)
 def test_the_nvml_correction_reads_the_driver_as_it_answers(tmp_path):
     """The driver wants a utilisation buffer as large as its own sample buffer, however few
-    processes ran (100 entries on a 580 driver; the simulator answers the same): the limiter
-    takes the size it is told, so its NVML correction runs. On the H200 a 64-entry buffer got
-    INSUFFICIENT_SIZE at every tick and the correction never ran."""
+    processes ran (drivers are reported to want 100 entries; the simulator answers the same):
+    the limiter takes the size it is told, so its NVML correction runs. On the H200 the
+    64-entry buffer it had never gave a correction; the grown one did."""
     proc = sim_probe.start(tmp_path, "alone", 30, "force", 50, 2, log_level=4)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]

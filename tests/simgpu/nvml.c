@@ -361,7 +361,8 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
  * second, stamped (CPU time, µs) with the end of its last kernel in it. The caller's
  * buffer must hold the driver's whole sample buffer, however few samples there are:
  * a smaller one gets INSUFFICIENT_SIZE and that size (the documented sizing call
- * answers it; a 580 driver answers 100 on an H200 with two processes). */
+ * answers it; drivers are reported to answer 100 whatever ran, and on an H200 a
+ * 64-entry buffer never got a figure). */
 #define SIM_UTIL_SAMPLE_BUFFER 100
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
                                              unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
