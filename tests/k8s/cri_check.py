@@ -90,7 +90,7 @@ def sim_env(tmp: Path) -> dict:
     return {**os.environ, "HAMI_SIM_STATE": str(tmp / "sim" / "shared" / "gpu.state")}
 
 
-# ---- images, written as OCI archives with no registry
+# ---- images, written as image archives with no registry
 
 def _rootfs_tar() -> bytes:
     """busybox, its applets used here and glibc (for the driver's nvidia-smi)."""
