@@ -130,6 +130,7 @@ def test_a_gpu_create_is_served_once_a_server_runs(node):
         assert answering(node)
         assert released(node)
     assert specs["served"] == specs["alone"]
+    assert no_requests_in_flight(node)  # the last release's child (it has the server's env) gone
     assert len(server_pids(node)) == 1
 
 
