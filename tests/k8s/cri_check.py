@@ -269,23 +269,12 @@ HAMICTL = [sys.executable, "-c", "import sys; from hami_runtime.tools.hamictl im
 
 
 def device_plugin_allocation(tmp: Path, config: Path) -> tuple[dict, dict, str]:
-    """`hamictl device-plugin` against a stand-in kubelet: one hami.io/vgpu slot
+    """`hamictl device-plugin` against the stand-in kubelet: one hami.io/vgpu slot
     and BLOCKS hami.io/vgpu-memory blocks of one GPU allocated. (env, annotations, uuid)."""
-    import grpc
-    from concurrent import futures
-    sys.path.insert(0, str(ROOT))
-    from hami_runtime.tools import device_plugin_api as api
-    pb = api.messages()
+    from tests.k8s.kubelet import Kubelet  # ROOT is on the path: k8s_check.py
     directory = tmp / "device-plugins"
     directory.mkdir()
-    registered = queue.Queue()
-
-    def register(request, context):
-        registered.put(request)
-        return pb.Empty()
-    kubelet = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    kubelet.add_generic_rpc_handlers((api.registration_handler(register),))
-    assert kubelet.add_insecure_port(f"unix://{directory}/kubelet.sock")
+    kubelet = Kubelet(directory)
     kubelet.start()
     log = tmp / "device-plugin.log"
     with open(log, "wb") as out:
@@ -295,33 +284,14 @@ def device_plugin_allocation(tmp: Path, config: Path) -> tuple[dict, dict, str]:
                                   stderr=subprocess.STDOUT)
     try:
         try:
-            endpoints = {r.resource_name: r.endpoint for r in (registered.get(timeout=WAIT) for _ in range(2))}
+            registered = kubelet.registrations()
         except queue.Empty:
             raise SystemExit(f"k8s-check: the device plugin did not register:\n{log.read_text()[-3000:]}")
-
-        def plugin_call(resource, method, request, response, streaming=False):
-            channel = grpc.insecure_channel(f"unix://{directory}/{endpoints[resource]}")
-            call = api.stub(channel, api.PLUGIN, method, type(request).__name__, response, streaming)
-            return channel, call(request, timeout=WAIT)
-
-        def devices(resource):
-            channel, stream = plugin_call(resource, "ListAndWatch", pb.Empty(), "ListAndWatchResponse", True)
-            try:
-                return [d.ID for d in next(stream).devices]
-            finally:
-                stream.cancel()
-                channel.close()
-
-        def allocate(resource, ids):
-            channel, answer = plugin_call(resource, "Allocate", pb.AllocateRequest(
-                container_requests=[pb.ContainerAllocateRequest(devicesIDs=ids)]), "AllocateResponse")
-            channel.close()
-            (response,) = answer.container_responses
-            return response
-        slot = devices("hami.io/vgpu")[0]
+        slots, memory = registered["hami.io/vgpu"], registered["hami.io/vgpu-memory"]
+        slot = next(iter(kubelet.listing(slots)))
         uuid = slot.rsplit("-", 1)[0]
-        blocks = [d for d in devices("hami.io/vgpu-memory") if d.startswith(f"{uuid}-mem-")][:BLOCKS]
-        answers = [allocate("hami.io/vgpu", [slot]), allocate("hami.io/vgpu-memory", blocks)]
+        blocks = [d for d in kubelet.listing(memory) if d.startswith(f"{uuid}-mem-")][:BLOCKS]
+        answers = [kubelet.allocate(slots, [slot]), kubelet.allocate(memory, blocks)]
     finally:
         plugin.terminate()
         try:
@@ -329,7 +299,7 @@ def device_plugin_allocation(tmp: Path, config: Path) -> tuple[dict, dict, str]:
         except subprocess.TimeoutExpired:
             plugin.kill()
             plugin.wait()
-        kubelet.stop(0).wait()
+        kubelet.stop()
     env = {k: v for a in answers for k, v in a.envs.items()}
     annotations = {k: v for a in answers for k, v in a.annotations.items()}
     return env, annotations, uuid

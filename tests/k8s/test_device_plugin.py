@@ -5,12 +5,9 @@ GetPreferredAllocation and Allocate. The plugin runs as its own process on the
 simulated GPU; Allocate's answer, put into an OCI spec as the kubelet and the
 engine would, is created through the runtime with real runc."""
 import json
-import os
 import queue
 import subprocess
-import threading
 import time
-from concurrent import futures
 
 import pytest
 
@@ -18,53 +15,11 @@ grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 
 from hami_runtime.tools import device_plugin_api as api  # noqa: E402
+from tests.k8s.kubelet import WAIT, Kubelet  # noqa: E402
 from tests.runtime.node import HAMICTL, Node, copy_sim, make_rootfs, sim_missing, spec_template  # noqa: E402
 
 VGPU, MEMORY = "hami.io/vgpu", "hami.io/vgpu-memory"
 BLOCK = 256
-WAIT = 30
-
-
-class Kubelet:
-    """The kubelet's side: Registration on <dir>/kubelet.sock, a client of each
-    plugin socket that registered."""
-
-    def __init__(self, directory):
-        self.directory = directory
-        self.registered = queue.Queue()
-        self.server = None
-
-    def start(self):
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.server.add_generic_rpc_handlers((api.registration_handler(self._register),))
-        assert self.server.add_insecure_port(f"unix://{self.directory}/kubelet.sock")
-        self.server.start()
-
-    def _register(self, request, context):
-        self.registered.put(request)
-        return api.messages().Empty()
-
-    def stop(self):
-        if self.server is not None:
-            self.server.stop(0).wait()
-            self.server = None
-        (self.directory / "kubelet.sock").unlink(missing_ok=True)
-
-    def registrations(self, count=2):
-        """The next `count` Register requests, by resource name."""
-        got = [self.registered.get(timeout=WAIT) for _ in range(count)]
-        return {r.resource_name: r for r in got}
-
-    def plugin(self, request, method, message, response, streaming=False, **kw):
-        channel = grpc.insecure_channel(f"unix://{self.directory}/{request.endpoint}")
-        try:
-            call = api.stub(channel, api.PLUGIN, method, type(message).__name__, response, streaming)
-            if streaming:
-                return channel, call(message, **kw)
-            return call(message, timeout=WAIT, **kw)
-        finally:
-            if not streaming:
-                channel.close()
 
 
 @pytest.fixture(scope="module")
@@ -112,17 +67,6 @@ def plugin(node):
     assert sorted(p.name for p in directory.iterdir()) == []  # its sockets removed
 
 
-def listing(kubelet, registration):
-    """The first ListAndWatch answer: device id -> health."""
-    channel, stream = kubelet.plugin(registration, "ListAndWatch", api.messages().Empty(),
-                                     "ListAndWatchResponse", streaming=True)
-    try:
-        return {d.ID: d.health for d in next(stream).devices}
-    finally:
-        stream.cancel()
-        channel.close()
-
-
 def test_registers_both_resources(plugin):
     _, _, first, _ = plugin
     assert set(first) == {VGPU, MEMORY}
@@ -137,8 +81,8 @@ def test_advertises_slots_and_memory_blocks(plugin, gpus):
     for registration in first.values():
         options = kubelet.plugin(registration, "GetDevicePluginOptions", pb.Empty(), "DevicePluginOptions")
         assert options.get_preferred_allocation_available and not options.pre_start_required
-    slots = listing(kubelet, first[VGPU])
-    blocks = listing(kubelet, first[MEMORY])
+    slots = kubelet.listing(first[VGPU])
+    blocks = kubelet.listing(first[MEMORY])
     assert len(gpus) == 2
     assert len(slots) == sum(g["slots"] for g in gpus) == 20
     assert len(blocks) == sum(g["capacity_mib"] // BLOCK for g in gpus)
@@ -171,14 +115,6 @@ def test_preferred_allocation_spreads_slots_packs_memory(plugin, gpus):
     assert all(d.startswith(b) for d in chosen[1:])  # the rest from the roomiest GPU
 
 
-def allocate(kubelet, registration, ids):
-    pb = api.messages()
-    answer = kubelet.plugin(registration, "Allocate", pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devicesIDs=ids)]), "AllocateResponse")
-    (response,) = answer.container_responses
-    return response
-
-
 @pytest.mark.parametrize("carried", ["env", "annotations"])
 def test_allocate_answer_gets_that_slice(plugin, gpus, node, carried):
     """A pod's resources.limits {hami.io/vgpu: 1, hami.io/vgpu-memory: 12}: the
@@ -187,8 +123,8 @@ def test_allocate_answer_gets_that_slice(plugin, gpus, node, carried):
     what the runtime allocates."""
     _, kubelet, first, _ = plugin
     uuid = gpus[1]["uuid"]
-    slot = allocate(kubelet, first[VGPU], [f"{uuid}-3"])
-    memory = allocate(kubelet, first[MEMORY], [f"{gpus[0]['uuid']}-mem-{i}" for i in range(12)])
+    slot = kubelet.allocate(first[VGPU], [f"{uuid}-3"])
+    memory = kubelet.allocate(first[MEMORY], [f"{gpus[0]['uuid']}-mem-{i}" for i in range(12)])
     assert dict(slot.envs) == {"NVIDIA_VISIBLE_DEVICES": uuid}
     assert dict(memory.envs) == {"HAMI_GPUMEM": str(12 * BLOCK)}
     cid = f"dp-{carried}"
@@ -211,7 +147,7 @@ def test_allocate_refuses_two_slots_of_one_gpu(plugin, gpus):
     _, kubelet, first, _ = plugin
     uuid = gpus[0]["uuid"]
     with pytest.raises(grpc.RpcError) as refused:
-        allocate(kubelet, first[VGPU], [f"{uuid}-0", f"{uuid}-1"])
+        kubelet.allocate(first[VGPU], [f"{uuid}-0", f"{uuid}-1"])
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "another GPU" in refused.value.details()
 
@@ -243,7 +179,7 @@ def test_registers_again_when_the_kubelet_restarts(plugin):
     kubelet.start()
     again = kubelet.registrations()
     assert set(again) == {VGPU, MEMORY} and proc.poll() is None
-    assert len(listing(kubelet, again[VGPU])) == 20  # served again on a new socket
+    assert len(kubelet.listing(again[VGPU])) == 20  # served again on a new socket
 
 
 def test_off_with_hami_scheduler(node):
