@@ -37,14 +37,8 @@ def sim_dir(layout: Layout) -> str:
 
 
 def config_text(layout: Layout) -> bytes:
-    root = sim_dir(layout)
     return (f"# {layout.config}: hami-runtime on the simulated GPU (make install SIM=1)\n"
-            f'driver_root = "{root}"\n'
-            f'nvml_library = "{root}/lib/libnvidia-ml.so.1"\n'
-            f'dev_root = "{root}/dev"\n'
-            f'proc_devices = "{root}/proc-devices"\n'
-            f'mig_minors = "{root}/mig-minors"\n'
-            "\n"
+            + driver_keys(sim_dir(layout)) + "\n"
             "# GPU containers share the host's simulated machine: its state file, where host\n"
             "# processes look with no HAMI_SIM_STATE set\n"
             "[extra_env]\n"
@@ -55,6 +49,26 @@ def config_text(layout: Layout) -> bytes:
             f'destination = "{CONTAINER_SHM}"\n').encode()
 
 
+def driver_keys(root) -> str:
+    """The config keys naming a copy of the simulator at `root` (copy_driver's)."""
+    return (f'driver_root = "{root}"\n'
+            f'nvml_library = "{root}/lib/libnvidia-ml.so.1"\n'
+            f'dev_root = "{root}/dev"\n'
+            f'proc_devices = "{root}/proc-devices"\n'
+            f'mig_minors = "{root}/mig-minors"\n')
+
+
+def copy_driver(sim: Path, target: Path) -> None:
+    """What make sim built at `sim` that a node needs, copied to `target` (made here): the
+    driver root's dirs, the stand-in /proc files, an empty dev root (every card visible)."""
+    target.mkdir(parents=True)
+    for name in SIM_DIRS:
+        shutil.copytree(sim / name, target / name, symlinks=True)
+    for name in SIM_FILES:
+        shutil.copy2(sim / name, target / name)
+    (target / "dev").mkdir()
+
+
 def install(layout: Layout, build: Path) -> None:
     sim = build / "sim"
     missing = [p for p in [sim / d for d in SIM_DIRS] + [sim / f for f in SIM_FILES] if not p.exists()]
@@ -63,12 +77,7 @@ def install(layout: Layout, build: Path) -> None:
     target = layout.staged(sim_dir(layout))
     stage = target.with_name("sim.new")
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    for name in SIM_DIRS:
-        shutil.copytree(sim / name, stage / name, symlinks=True)
-    for name in SIM_FILES:
-        shutil.copy2(sim / name, stage / name)
-    (stage / "dev").mkdir()
+    copy_driver(sim, stage)
     shutil.rmtree(target, ignore_errors=True)
     os.rename(stage, target)
     config = layout.staged(layout.config)

@@ -37,7 +37,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -63,21 +62,15 @@ def say(msg: str) -> None:
 
 def node_config(tmp: Path) -> str:
     """The config the ConfigMap carries: the simulated driver root (a copy in
-    tmp), its state shared with the containers, the runtime's state in tmp."""
+    tmp, as make install SIM=1 makes one), its state shared with the containers,
+    the runtime's state in tmp."""
+    import install_sim  # packaging/ is on the path: k8s_check.py
     sim = tmp / "sim"
-    for sub in ("lib", "bin", "etc"):
-        shutil.copytree(SIM / sub, sim / sub, symlinks=True)
-    for name in ("proc-devices", "mig-minors"):
-        shutil.copy2(SIM / name, sim / name)
-    (sim / "dev").mkdir()
+    install_sim.copy_driver(SIM, sim)
     (sim / "shared").mkdir()
     return (f'state_dir = "{tmp / "hami-state"}"\n'
-            f'nvml_library = "{sim}/lib/libnvidia-ml.so.1"\n'
-            f'driver_root = "{sim}"\n'
-            f'dev_root = "{sim}/dev"\n'
-            f'proc_devices = "{sim}/proc-devices"\n'
-            f'mig_minors = "{sim}/mig-minors"\n'
-            "split_count = 10\n"
+            + install_sim.driver_keys(sim)
+            + "split_count = 10\n"
             "\n[extra_env]\n"
             'HAMI_SIM_STATE = "/run/hami-sim/gpu.state"\n'
             "\n[[extra_mounts]]\n"
