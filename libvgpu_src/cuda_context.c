@@ -5,6 +5,7 @@
 #include "activity.h"
 #include "hooks.h"
 #include "log.h"
+#include "sm_limiter.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -251,6 +252,7 @@ static void drop_primary(CUdevice dev)
     if (dev < 0 || dev >= MAX_ORDINALS || !primary[dev].charged)
         return;
     hami_mem_release_ctx(primary[dev].ctx);
+    hami_sm_context_gone(primary[dev].ctx);
     hami_mem_uncharge(primary[dev].index, primary[dev].bytes);
     hami_ctx_charged(primary[dev].index, -(int64_t)primary[dev].bytes);
     primary[dev].charged = 0;
@@ -431,6 +433,7 @@ HAMI_HOOK(CUresult, cuCtxDestroy_v2, (CUcontext ctx), (ctx))
             hami_ctx_charged(res.dev, -(int64_t)res.bytes);
         }
         hami_mem_release_ctx(ctx);
+        hami_sm_context_gone(ctx);
     }
     pthread_mutex_unlock(&ctx_lock);
     return rc;

@@ -28,12 +28,22 @@
  * - Only the kernel's own run is charged. A start event recorded while none of
  *   this process's launches is in flight (the GPU idle before it, as a
  *   throttled launch always finds it) is reached at once, and the kernel only
- *   after the driver's launch call has returned (and its dispatch): the events
- *   would bill that gap, a large part of a short kernel. So such a launch's
- *   measurement loses the CPU time from the start event's record to the launch
+ *   after the driver's launch call has returned and the GPU has dispatched it:
+ *   the events would bill both, a large part of a short kernel (on an H200,
+ *   ~10 us of dispatch a launch beyond the call: 50 us kernels held at 30 %
+ *   ran 25 %, and NVML, which counts the dispatch busy too, gave none back).
+ *   So a throttled launch on an idle GPU is primed: an empty kernel of ours goes
+ *   to its stream first and the start event behind it, so the event is reached
+ *   only once a launch has gone through the GPU's dispatch, as the kernel's own
+ *   does. A launch on an idle GPU then loses from its measurement the CPU time
+ *   from the primer's return (unprimed: the start event's record) to the launch
  *   call's return (never more than half of it, nor four times the least such gap
  *   lately: a call held up after the kernel was queued would hide kernel time);
- *   what the GPU adds after that is left to the NVML correction below.
+ *   tests/simgpu/test_kernels.py shows both on the simulator, which models the
+ *   dispatch as the H200 showed it. Launches that did not wait are not primed
+ *   (a job below its share pays no extra launch), nor where the empty kernel
+ *   cannot be loaded (the driver cannot compile its PTX): they are charged as
+ *   measured.
  * - Launches measured but not yet harvested are bounded (SM_PROBES, and two or
  *   SM_INFLIGHT_NS of estimated work; one until a first measurement exists):
  *   a process cannot run further ahead of its measurements than that.
@@ -116,6 +126,7 @@ struct sm_probe {
                                                     nothing was in flight (else 0) ... */
     int64_t idle_gap_ns;                         /* ... to the launch call's return */
     int billed;                                  /* 0: launched while alone, nothing to charge */
+    int primed;                                  /* the empty kernel went before the start event */
     int state;
 };
 
@@ -161,6 +172,10 @@ struct sm_driver {
     nvmlReturn_t (*nvml_process_util)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
                                       unsigned long long);
     nvmlReturn_t (*nvml_running)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+    CUresult (*module_load)(CUmodule *, const void *);
+    CUresult (*module_function)(CUfunction *, CUmodule, const char *);
+    CUresult (*launch)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                       unsigned int, unsigned int, CUstream, void **, void **);
 };
 
 /* Cached per process and device (OFF looked at again per launch, see
@@ -170,6 +185,19 @@ static struct sm_local sm_local[HAMI_MAX_DEVICES];
 static struct sm_driver sm_drv;
 static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
 static int sm_events_ok;                         /* event entry points found */
+
+/* The primer: an empty kernel, PTX any driver compiles for any GPU, loaded once per
+ * context where a throttled launch first needs it. Named and shaped as the simulated
+ * driver's `empty` test kernel (tests/simgpu/README.md), which runs for its parameter's
+ * microseconds: 0, as the real one all but does. */
+static const char sm_primer_ptx[] = ".version 6.0\n.target sm_50\n.address_size 64\n"
+                                    ".visible .entry empty(.param .u64 empty_us)\n{\n\tret;\n}\n";
+#define SM_PRIMER_CONTEXTS 16
+static struct sm_primer {
+    CUcontext ctx;
+    CUfunction fn;                               /* NULL: it could not be had in this context */
+} sm_primers[SM_PRIMER_CONTEXTS];
+static pthread_mutex_t sm_primer_lock = PTHREAD_MUTEX_INITIALIZER;  /* after a device's loc->lock */
 
 /* What this thread's before_launch armed, for its after_launch. */
 static __thread int sm_armed_dev = -1;
@@ -190,6 +218,8 @@ static void sm_local_reset(void)
 static void sm_after_fork_child(void)
 {
     sm_local_reset();
+    memset(sm_primers, 0, sizeof(sm_primers));
+    pthread_mutex_init(&sm_primer_lock, NULL);
     sm_armed_dev = -1;
     sm_armed_probe = -1;
 }
@@ -211,6 +241,9 @@ static void sm_init_once(void)
     SM_RESOLVE(nvml_by_uuid, "nvmlDeviceGetHandleByUUID");
     SM_RESOLVE(nvml_process_util, "nvmlDeviceGetProcessUtilization");
     SM_RESOLVE(nvml_running, "nvmlDeviceGetComputeRunningProcesses_v3");
+    SM_RESOLVE(module_load, "cuModuleLoadData");
+    SM_RESOLVE(module_function, "cuModuleGetFunction");
+    SM_RESOLVE(launch, "cuLaunchKernel");
     sm_events_ok = sm_drv.ctx_get_current && sm_drv.event_create && sm_drv.event_destroy &&
                    sm_drv.event_record && sm_drv.event_query && sm_drv.event_elapsed;
     if (!sm_events_ok)
@@ -318,8 +351,9 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
             ns -= taken;
             int64_t used = (int64_t)((double)ns * loc->factor);
             if (++loc->harvested % SM_SAMPLE_EVERY == 1)   /* what a real GPU's events hold, now and then */
-                hami_debug("SM limit: a launch measured %.1f us, launch gap %.1f us (%.1f taken), charged %.1f us",
-                           (double)ms * 1e3, (double)p->idle_gap_ns / 1e3, (double)taken / 1e3, (double)used / 1e3);
+                hami_debug("SM limit: a launch measured %.1f us%s, launch gap %.1f us (%.1f taken), charged %.1f us",
+                           (double)ms * 1e3, p->primed ? " primed" : "", (double)p->idle_gap_ns / 1e3,
+                           (double)taken / 1e3, (double)used / 1e3);
             loc->measured_ns += ns;
             if (p->billed)
                 sm_charge(loc, st, used - p->charged_ns);
@@ -571,6 +605,60 @@ static int sm_alone(struct sm_local *loc, int64_t now)
     return alone;
 }
 
+/* ---- the primer ---- */
+
+/* The primer of context `ctx`, loaded on first need; NULL where it cannot be had. */
+static CUfunction sm_primer_of(CUcontext ctx)
+{
+    struct sm_primer *free_slot = NULL;
+    CUfunction fn = NULL;
+    pthread_mutex_lock(&sm_primer_lock);
+    for (int i = 0; i < SM_PRIMER_CONTEXTS; i++) {
+        if (sm_primers[i].ctx == ctx) {
+            fn = sm_primers[i].fn;
+            goto out;
+        }
+        if (!sm_primers[i].ctx && !free_slot)
+            free_slot = &sm_primers[i];
+    }
+    if (!free_slot || !sm_drv.module_load || !sm_drv.module_function || !sm_drv.launch)
+        goto out;
+    CUmodule module;
+    CUresult rc = sm_drv.module_load(&module, sm_primer_ptx);
+    if (rc == CUDA_SUCCESS)
+        rc = sm_drv.module_function(&fn, module, "empty");
+    if (rc != CUDA_SUCCESS) {
+        fn = NULL;
+        hami_info("SM limit: the empty kernel that primes a throttled launch cannot be loaded (%d): "
+                  "such launches are charged their dispatch too", (int)rc);
+    } else {
+        hami_debug("SM limit: the primer is loaded in context %p", (void *)ctx);
+    }
+    free_slot->ctx = ctx;
+    free_slot->fn = fn;
+out:
+    pthread_mutex_unlock(&sm_primer_lock);
+    return fn;
+}
+
+/* Sends the primer to `stream` ahead of a throttled launch; 1 if it went. */
+static int sm_prime(CUcontext ctx, CUstream stream)
+{
+    CUfunction fn = sm_primer_of(ctx);
+    unsigned long long no_time = 0;
+    void *params[] = {&no_time};
+    return fn && sm_drv.launch(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL) == CUDA_SUCCESS;
+}
+
+void hami_sm_context_gone(CUcontext ctx)
+{
+    pthread_mutex_lock(&sm_primer_lock);
+    for (int i = 0; i < SM_PRIMER_CONTEXTS; i++)
+        if (sm_primers[i].ctx == ctx)
+            sm_primers[i] = (struct sm_primer){0};
+    pthread_mutex_unlock(&sm_primer_lock);
+}
+
 /* ---- launch path ---- */
 
 static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
@@ -584,7 +672,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
 
     pthread_mutex_lock(&loc->lock);
     int capture_mode = hami_capture_relax();
-    int billed = 1;
+    int billed = 1, waited = 0;
     for (;;) {
         uint32_t share = sm_share(limits, dev);
         if (!share) {                            /* limit lifted while running */
@@ -621,6 +709,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
          * chunk, so a long wait shows while it lasts and a process killed in it
          * has counted what it slept */
         int64_t slept_from = short_of_share ? hami_now_ns() : 0;
+        waited |= short_of_share;
         hami_sleep_ns(wait, SM_SLEEP_MIN_NS, SM_SLEEP_MAX_NS);
         if (short_of_share)
             __atomic_add_fetch(&st->throttled_ns, (uint64_t)(hami_now_ns() - slept_from), __ATOMIC_RELAXED);
@@ -633,12 +722,17 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
         int idle = loc->in_use == 0;             /* harvested just now: all earlier ones done */
+        int primed = idle && billed && waited && sm_prime(p->ctx, stream);
+        /* the start event is reached once the primer is dispatched, the kernel once its own
+         * dispatch follows its call's return: the gap runs from the primer's return */
+        int64_t primed_at = primed ? hami_now_ns() : 0;
         if (sm_drv.event_record(p->start, stream) == CUDA_SUCCESS) {
-            p->idle_since_ns = idle ? hami_now_ns() : 0;
+            p->idle_since_ns = primed ? primed_at : idle ? hami_now_ns() : 0;
             p->idle_gap_ns = 0;
             p->state = PROBE_ARMED;
             p->charged_ns = estimate;
             p->billed = billed;
+            p->primed = primed;
             loc->in_use++;
             loc->tail++;
         } else {

@@ -21,17 +21,23 @@ sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 import gpu_env  # noqa: E402
 
 
-def start(work: Path, name: str, pct: int, policy: str, kernel_us: int, seconds: int, mode: str = "time",
-          board: Path | None = None, start_at: int = 0, libvgpu: Path = LIBVGPU,
-          log_level: int = 1) -> subprocess.Popen:
+def container_env(work: Path, name: str, pct: int, policy: str, board: Path | None = None,
+                  libvgpu: Path = LIBVGPU, log_level: int = 1) -> dict:
+    """A process of container `name` on the simulated card, its SM share `pct` under `policy`."""
     env = gpu_env.container_env(work, name, CARD_UUID, board=board)
     env.update(LD_PRELOAD=str(libvgpu), LD_LIBRARY_PATH=str(SIM_LIB), HAMI_SIM_STATE=str(work / "sim.state"),
                CUDA_DEVICE_SM_LIMIT=str(pct), GPU_CORE_UTILIZATION_POLICY=policy, LIBCUDA_LOG_LEVEL=str(log_level))
+    return gpu_env.clean_env(**env)
+
+
+def start(work: Path, name: str, pct: int, policy: str, kernel_us: int, seconds: int, mode: str = "time",
+          board: Path | None = None, start_at: int = 0, libvgpu: Path = LIBVGPU,
+          log_level: int = 1) -> subprocess.Popen:
     argv = PROBE + ["--kernel-us", str(kernel_us), "--seconds", str(seconds), "--mode", mode]
     if start_at:
         argv += ["--start-at", str(start_at)]
-    return subprocess.Popen(argv, env=gpu_env.clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(argv, env=container_env(work, name, pct, policy, board, libvgpu, log_level),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen) -> dict:

@@ -28,6 +28,7 @@
 #include "sim.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,7 @@ enum op_type { OP_KERNEL, OP_CALL };
 struct sim_op {
     enum op_type type;
     uint64_t dur_us;
-    uint64_t submit_ns;                   /* when its call queued it */
+    _Atomic uint64_t submit_ns;           /* when its call returned; 0 until then (see enqueue) */
     void (*fn)(void *);
     void *arg;
     struct sim_op *next;
@@ -111,18 +112,31 @@ void sim_stream_gpu_reach(uint64_t t_ns)
         s->gpu_ns = t_ns;
 }
 
+/* When the op's call returned (stamped by the caller right after it queued the op). */
+static uint64_t submitted(const struct sim_op *op)
+{
+    uint64_t t;
+    while (!(t = atomic_load(&op->submit_ns)))
+        sched_yield();
+    return t;
+}
+
 /* A kernel runs in time slices: each is booked when the one before it ends, so another
  * context's work that became ready meanwhile runs between them, as a GPU time-slices
  * between contexts; the kernel's end (and its events) moves by what ran between. */
 static void run_kernel(struct sim_stream *s, const struct sim_op *op)
 {
     uint64_t left = op->dur_us * 1000ULL, slice = sim_config()->timeslice_us * 1000ULL;
-    uint64_t ready = op->submit_ns + sim_config()->dispatch_us * 1000ULL;
+    uint64_t submit = submitted(op);
+    uint64_t ready = submit + sim_config()->dispatch_us * 1000ULL;
     if (ready < s->gpu_ns)
         ready = s->gpu_ns;
+    /* the dispatch NVML sees: what of it the stream's earlier work did not hide */
+    uint64_t reached = submit > s->gpu_ns ? submit : s->gpu_ns, lead = ready - reached;
     do {
         uint64_t part = slice && left > slice ? slice : left;
-        ready = sim_book_kernel(s->ctx->dev, ready, part) + part;
+        ready = sim_book_kernel(s->ctx->dev, ready, part, lead) + part;
+        lead = 0;
         left -= part;
         if (ready > sim_now_ns())
             sleep_until(ready);
@@ -146,9 +160,9 @@ static void *worker(void *arg)
             run_kernel(s, op);
         } else {
             running_stream = s;
-            running_submit_ns = op->submit_ns;
+            running_submit_ns = submitted(op);
             op->fn(op->arg);
-            sim_stream_gpu_reach(op->submit_ns);
+            sim_stream_gpu_reach(running_submit_ns);
             running_stream = NULL;
         }
         pthread_mutex_lock(&s->m);
@@ -241,9 +255,12 @@ static void enqueue(struct sim_stream *s, struct sim_op *op)
         s->head = op;
     s->tail = op;
     s->enqueued++;
-    op->submit_ns = sim_now_ns();
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->m);
+    /* The op reaches the device when the call returns, as a doorbell write does: after
+     * the worker's wake-up, whose cost (microseconds) a real driver's call does not have.
+     * The worker waits for the stamp (submitted). */
+    atomic_store(&op->submit_ns, sim_now_ns());
 }
 
 void sim_stream_enqueue_kernel(struct sim_stream *s, uint64_t dur_us)

@@ -23,7 +23,7 @@
 #define SIM_MAX_PROCS 1024
 #define SIM_RING 262144                  /* kernel intervals remembered per device: 2.6 s of 10 us kernels */
 #define SIM_STATE_MAGIC 0x3154535f4d495348ULL
-#define SIM_STATE_VERSION 6
+#define SIM_STATE_VERSION 7
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
 #define SIM_SM_VERSION 90                /* every simulated card is compute capability 9.0 */
@@ -97,7 +97,8 @@ struct sim_proc_slot {
 
 struct sim_interval {                    /* one kernel on a device's timeline */
     _Atomic uint64_t seq;                /* ring position + 1 once written, 0 while writing */
-    uint64_t start_ns, end_ns;           /* CLOCK_MONOTONIC */
+    uint64_t start_ns, end_ns;           /* CLOCK_MONOTONIC; from when the engine took the launch
+                                            (its dispatch: NVML counts it busy) to the kernel's end */
     uint32_t pid, slot;                  /* pid: the host's, as NVML reports it */
 };
 
@@ -140,9 +141,12 @@ struct sim_proc_usage { uint32_t pid; uint64_t used; };
  * two copies of the driver in one process, a dlmopen'd one, summed); returns how many there are
  * (may exceed max). */
 unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max);
-/* Books `dur_ns` on the device timeline (start = max(ready_ns, busy_until)); returns start. */
-uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns);
-/* Busy nanoseconds of the device (pid 0: all processes) within [from, to]. */
+/* Books `dur_ns` on the device timeline (start = max(ready_ns, busy_until)); returns start.
+ * `lead_ns`: the front end's work on the launch before it (its dispatch on an idle stream),
+ * which NVML's utilisation counts as busy as it does the kernel. */
+uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns, uint64_t lead_ns);
+/* Busy nanoseconds of the device (pid 0: all processes) within [from, to], as NVML counts them:
+ * from when the engine took each launch to its kernel's end. */
 uint64_t sim_busy_ns(int dev, uint32_t pid, uint64_t from, uint64_t to);
 /* pids that ran kernels on dev within [from, to]; returns how many (up to max), last end each. */
 unsigned sim_busy_pids(int dev, uint64_t from, uint64_t to, uint32_t *pids, uint64_t *last_end, unsigned max);

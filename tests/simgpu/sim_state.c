@@ -641,7 +641,7 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
     return n;
 }
 
-uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns)
+uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns, uint64_t lead_ns)
 {
     struct sim_state *s = sim_state();
     if (!s)
@@ -654,7 +654,7 @@ uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns)
     uint64_t pos = atomic_fetch_add(&d->ring_head, 1);
     struct sim_interval *e = &d->ring[pos % SIM_RING];
     atomic_store(&e->seq, 0);
-    e->start_ns = start;
+    e->start_ns = start - lead_ns;
     e->end_ns = start + dur_ns;
     e->pid = host_pid();
     e->slot = (uint32_t)self_slot;
