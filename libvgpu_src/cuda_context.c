@@ -5,7 +5,6 @@
 #include "activity.h"
 #include "hooks.h"
 #include "log.h"
-#include "sm_limiter.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -245,14 +244,28 @@ __attribute__((constructor)) static void register_driver_refresh(void)
     hami_mem_driver_refresh(reconcile_now);
 }
 
+static void (*ctx_gone)(CUcontext);
+
+void hami_ctx_gone_subscribe(void (*gone)(CUcontext ctx))
+{
+    ctx_gone = gone;
+}
+
+/* A context ended: what it held is given back, and its end is told. */
+static void context_ended(CUcontext ctx)
+{
+    hami_mem_release_ctx(ctx);
+    if (ctx_gone)
+        ctx_gone(ctx);
+}
+
 /* ---- primary contexts ---- */
 
 static void drop_primary(CUdevice dev)
 {
     if (dev < 0 || dev >= MAX_ORDINALS || !primary[dev].charged)
         return;
-    hami_mem_release_ctx(primary[dev].ctx);
-    hami_sm_context_gone(primary[dev].ctx);
+    context_ended(primary[dev].ctx);
     hami_mem_uncharge(primary[dev].index, primary[dev].bytes);
     hami_ctx_charged(primary[dev].index, -(int64_t)primary[dev].bytes);
     primary[dev].charged = 0;
@@ -432,8 +445,7 @@ HAMI_HOOK(CUresult, cuCtxDestroy_v2, (CUcontext ctx), (ctx))
             hami_mem_uncharge(res.dev, res.bytes);
             hami_ctx_charged(res.dev, -(int64_t)res.bytes);
         }
-        hami_mem_release_ctx(ctx);
-        hami_sm_context_gone(ctx);
+        context_ended(ctx);
     }
     pthread_mutex_unlock(&ctx_lock);
     return rc;

@@ -177,5 +177,8 @@ void hami_reconcile(int index, CUdevice dev);
 /* The pid the driver names this process by, as the one process that appeared when
  * it created a context (kept in this process only); 0 until known. */
 unsigned int hami_host_pid(void);
+/* Who is told of a context's end (destroyed, or a primary one released for good or
+ * reset), after the driver's call: the SM limiter's, set once at load. */
+void hami_ctx_gone_subscribe(void (*gone)(CUcontext ctx));
 
 #endif

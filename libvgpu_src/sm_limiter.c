@@ -650,13 +650,19 @@ static int sm_prime(CUcontext ctx, CUstream stream)
     return fn && sm_drv.launch(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL) == CUDA_SUCCESS;
 }
 
-void hami_sm_context_gone(CUcontext ctx)
+/* A context ended, its module with it: a later context at the same address loads its own. */
+static void sm_context_gone(CUcontext ctx)
 {
     pthread_mutex_lock(&sm_primer_lock);
     for (int i = 0; i < SM_PRIMER_CONTEXTS; i++)
         if (sm_primers[i].ctx == ctx)
             sm_primers[i] = (struct sm_primer){0};
     pthread_mutex_unlock(&sm_primer_lock);
+}
+
+__attribute__((constructor)) static void sm_subscribe_context_ends(void)
+{
+    hami_ctx_gone_subscribe(sm_context_gone);
 }
 
 /* ---- launch path ---- */

@@ -11,7 +11,5 @@
 void hami_sm_before_launch(int dev, CUstream stream);
 /* After the launch returned `result` (work accounting only when it succeeded). */
 void hami_sm_after_launch(int dev, CUstream stream, CUresult result);
-/* `ctx` was destroyed: forget what the limiter keeps in it. */
-void hami_sm_context_gone(CUcontext ctx);
 
 #endif
