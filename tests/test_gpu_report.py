@@ -158,3 +158,19 @@ def test_gpu_check_runs_the_decode_loop_and_a_compiled_model_on_the_simulated_dr
     # the share: wide bounds, the machine may be loaded
     assert float(decode["rows"][2][-2].split()[0]) < 60 and float(compiled["rows"][1][3].split()[0]) < 60, \
         (decode, compiled)
+
+
+def test_gpu_check_times_nvml_around_a_first_context_on_the_simulated_driver(tmp_path):
+    """bench/gpu/run.py's nvml section (init_costs.py, no libvgpu) on the simulated driver: each
+    way's process runs and its figures come back, NVML's start beside the context's included."""
+    env = {"PATH": f"{SIM_LIB.parent / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LD_LIBRARY_PATH": str(SIM_LIB),
+           "HAMI_SIM_STATE": str(tmp_path / "gpu.state")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/run.py"), "--only", "nvml", "--json",
+                          str(tmp_path / "bench.json")], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    (nvml,) = json.loads((tmp_path / "bench.json").read_text())["sections"]
+    rows = {row[0]: row[1:] for row in nvml["rows"]}
+    assert set(rows) == {"serial", "overlapped", "beside_context", "no_attach"}, nvml
+    assert all(cell != "-" for cell in rows["beside_context"][:4] + [rows["beside_context"][5]]), nvml
+    assert rows["overlapped"][4] != "-" and rows["serial"][1] != "-", nvml

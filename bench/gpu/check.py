@@ -37,7 +37,7 @@ import report  # noqa: E402
 ROOT = gpu_env.ROOT
 # the sections the tests do not measure first: where the budget runs short, the skipped ones
 # are those whose figures the tests already give
-BENCH_ORDER = "sm,policy,decode,compiled,graph,matmul,memory,init"
+BENCH_ORDER = "sm,policy,decode,compiled,nvml,graph,matmul,memory,init"
 BENCH_MIN_S = 150            # what the tests leave the bench at least
 # The spill measure (a 4096 MiB tensor served from managed memory on a filled card) ran as a
 # test near the end of the tests' time and again as the bench's last section, which a 453 s
@@ -146,7 +146,7 @@ def main() -> int:
     bench_json.unlink(missing_ok=True)
     budget = left() - 15
     python = torch_python or sys.executable
-    only = BENCH_ORDER if torch_python else "sm,policy"
+    only = BENCH_ORDER if torch_python else "sm,policy,nvml"
     print(f"gpu-check: bench/gpu/run.py (at most {budget:.0f} s) ...", flush=True)
     log = work / "bench.log"
     rc, timed_out = run_bounded([python, "bench/gpu/run.py", "--seconds", str(args.seconds), "--budget",

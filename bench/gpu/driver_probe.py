@@ -1,6 +1,7 @@
 """GPU time and CUDA init measured through the driver API alone (ctypes; no PyTorch, no toolkit).
 
     python3 bench/gpu/driver_probe.py busy --kernel-us 1000 --seconds 10 [--mode time|work] [--start-at NS]
+                                           [--spans FILE]
     python3 bench/gpu/driver_probe.py init
     python3 bench/gpu/driver_probe.py info      # device 0: UUID, name, memory, SMs
 
@@ -28,6 +29,7 @@ import ctypes
 import json
 import sys
 import time
+from pathlib import Path
 
 CUDA_SUCCESS = 0
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -263,6 +265,8 @@ def busy(args) -> dict:
             overlap = min(hi, (second + 1) * 1e9) - max(lo, second * 1e9)
             if overlap > 0:
                 bins[second] += overlap
+    if args.spans and clock == "kernel":
+        Path(args.spans).write_text(json.dumps(spans))
     took = sorted((end - begin) / 1000 for begin, end in spans)
     return {"mode": args.mode, "kernel_us": args.kernel_us, "iters": iters, "clock": clock, "sms": spin.sms,
             "blocks_per_sm": spin.blocks_per_sm, "grid": spin.grid, "block": BLOCK, "seconds": seconds,
@@ -312,6 +316,8 @@ def main() -> None:
     busy_parser.add_argument("--queue", type=int, default=0,
                              help="kernels launched between synchronisations (default: about 20 ms of them)")
     busy_parser.add_argument("--start-at", type=int, default=0, help="CLOCK_MONOTONIC ns the window opens at")
+    busy_parser.add_argument("--spans", help="write each kernel's [start ns, end ns] by the GPU's own clock "
+                             "(JSON) to this file, where the kernels wrote them: two processes' kernels compared")
     sub.add_parser("init")
     sub.add_parser("info")
     args = parser.parse_args()

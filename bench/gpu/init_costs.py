@@ -4,9 +4,11 @@ with no libvgpu loaded (ctypes; no PyTorch):
     python3 bench/gpu/init_costs.py [--processes 7]
 
 Each fresh process times, in the order libvgpu meets them: cuInit; nvmlInit_v2 after it (serial),
-on a thread started with cuInit (overlapped), or nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH) after
-it (no_attach: no GPU attached at init, the one asked for at its first handle); a device handle by
-UUID; the two snapshot queries (memory info, the running compute processes) before the primary
+on a thread started with cuInit (overlapped), nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH) after
+it (no_attach: no GPU attached at init, the one asked for at its first handle), or nvmlInit_v2
+and the first device handle on a thread started with the primary context's creation, after
+cuInit (beside_context: whether the driver lets NVML's start overlap the context's, as it did
+not cuInit's; the snapshot before the context is then not taken); a device handle by UUID; the two snapshot queries (memory info, the running compute processes) before the primary
 context; the primary context's creation; the same two queries after it. Medians over the
 processes, in ms, one JSON object on the last line; a way whose process failed says how (on an
 H200 with driver 580.159.04 no_attach died of SIGSEGV). Where context creation under libvgpu costs more than bare
@@ -52,6 +54,8 @@ def child(way: str) -> dict:
         timed(marks, "cuinit_ms", lambda: cuda.cuInit(0))
         worker.join()
         marks["cuinit_and_nvml_init_ms"] = (time.perf_counter() - start) * 1000
+    elif way == "beside_context":
+        return beside_context(cuda, nvml, marks)
     else:
         timed(marks, "cuinit_ms", lambda: cuda.cuInit(0))
         worker.start()
@@ -79,13 +83,29 @@ def child(way: str) -> dict:
     return marks
 
 
+def beside_context(cuda, nvml, marks: dict) -> dict:
+    """NVML's init and first device access on a thread while this one creates the primary context."""
+    timed(marks, "cuinit_ms", lambda: cuda.cuInit(0))
+    dev = ctypes.c_int()
+    cuda.cuDeviceGet(ctypes.byref(dev), 0)
+    worker = threading.Thread(target=lambda: (timed(marks, "nvml_init_ms", nvml.nvmlInit_v2),
+                                              timed(marks, "uuid_and_handle_ms", lambda: handle_by_index(nvml))))
+    ctx = ctypes.c_void_p()
+    start = time.perf_counter()
+    worker.start()
+    timed(marks, "context_ms", lambda: cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
+    worker.join()
+    marks["context_and_nvml_ms"] = (time.perf_counter() - start) * 1000
+    return marks
+
+
 def handle_by_index(nvml) -> ctypes.c_void_p:
     handle = ctypes.c_void_p()
     nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
     return handle
 
 
-WAYS = ("serial", "overlapped", "no_attach")
+WAYS = ("serial", "overlapped", "beside_context", "no_attach")
 
 
 def main() -> None:

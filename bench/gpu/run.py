@@ -34,6 +34,7 @@ import report  # noqa: E402
 LIMIT_MIB = 4096
 SPILL_MIB = 4096
 DECODE_PROBE = gpu_env.ROOT / "bench" / "decode_probe.py"
+INIT_COSTS = gpu_env.ROOT / "bench" / "gpu" / "init_costs.py"
 FORCE = {"GPU_CORE_UTILIZATION_POLICY": "force"}
 
 
@@ -282,6 +283,21 @@ def init_rows(_seconds):
                     "added at cuInit / context / first allocation ms"], rows)
 
 
+def nvml_rows(_seconds):
+    """init_costs.py: what the NVML calls libvgpu makes around a first context cost, each way."""
+    got = _run([sys.executable, str(INIT_COSTS), "--processes", "5"], {}, 120)
+    steps = ["cuinit_ms", "nvml_init_ms", "uuid_and_handle_ms", "context_ms", "cuinit_and_nvml_init_ms",
+             "context_and_nvml_ms"]
+    rows = [[way] + (["failed: " + marks["failed"][-200:]] + ["-"] * (len(steps) - 1) if "failed" in marks
+                     else [f1(marks.get(step)) for step in steps])
+            for way, marks in got.items()]
+    return section("NVML around a first context, no libvgpu (init_costs.py, 5 processes a way, medians)",
+                   ["way", "cuInit ms", "nvmlInit ms", "first handle ms", "primary context ms",
+                    "cuInit with NVML's start ms", "context with NVML's start ms"], rows,
+                   "beside_context: NVML started on a thread as the primary context is created; "
+                   "where its figure is the context's alone, NVML's start could hide behind it.")
+
+
 def spill_rows(_seconds):
     card = int(gpu_env.device0()["total_mib"])
     got = probe(["spill", "--mib", SPILL_MIB, "--passes", 5, "--fill"],
@@ -320,7 +336,8 @@ def _commit():
 
 SECTIONS = {"memory": (memory_rows, 40), "sm": (sm_time_rows, None), "policy": (policy_rows, None),
             "matmul": (matmul_rows, None), "graph": (graph_rows, None), "decode": (decode_rows, None),
-            "compiled": (compiled_rows, None), "init": (init_rows, 60), "spill": (spill_rows, 60)}
+            "compiled": (compiled_rows, None), "init": (init_rows, 60), "nvml": (nvml_rows, 45),
+            "spill": (spill_rows, 60)}
 
 
 def estimate(name, seconds):

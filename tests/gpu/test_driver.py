@@ -2,6 +2,7 @@
 without one). The share is a share of GPU time (DESIGN.md §4): bench/gpu/driver_probe.py's kernel
 fills every SM, and the time it takes is read by the kernel itself from the GPU's clock, so the
 busy fraction is the kernels' time over the window, whatever the clocks do or the host adds."""
+import bisect
 import json
 import statistics
 import subprocess
@@ -27,6 +28,24 @@ def limiter_lines(stderr: str) -> list:
     return ([line for line in lines if "NVML" in line or "pid is unknown" in line][-6:]
             + [line for line in lines if "prime" in line and not line.startswith("a launch")][-2:]
             + [line for line in lines if line.startswith("a launch measured")][-6:])
+
+
+def interleaving(mine: list, theirs: list) -> dict:
+    """How one process's kernels lay among another's on the GPU (spans by the GPU's own clock):
+    the % of its kernels' time during which one of the other's was in flight, and the % of its
+    kernels that ran wholly inside one of the other's (that one preempted, and charged for it
+    by its events)."""
+    theirs = sorted(theirs)
+    starts = [start for start, _ in theirs]
+    inside = nested = 0
+    for start, end in mine:
+        i = bisect.bisect_right(starts, start) - 1
+        if i >= 0 and theirs[i][1] >= end:
+            nested += 1
+        for other_start, other_end in theirs[max(i, 0):bisect.bisect_left(starts, end)]:
+            inside += max(0, min(end, other_end) - max(start, other_start))
+    total = sum(end - start for start, end in mine) or 1
+    return {"inside_other_pct": 100 * inside / total, "nested_in_other_pct": 100 * nested / max(len(mine), 1)}
 
 
 def driver_probe(args, libvgpu=True, timeout=120, **env):
@@ -83,7 +102,9 @@ def test_default_two_containers_split_30_70(tmp_path, uuid, figures):
     """Bar: two busy containers at 30 and 70 % under `default` split the GPU 30:70 ± 3. Each is a
     container of its own (region, stamp on one activity board); both run the same fixed-work
     kernel in the same window, so the kernels each completes are its share of the GPU's time
-    (a kernel preempted by the other's time slice still does all its work)."""
+    (a kernel preempted by the other's time slice still does all its work). Recorded beside it:
+    how each one's kernels lay among the other's (which one's events take in the other's
+    kernels decides which one is charged for them)."""
     board = tmp_path / "board"
     start_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 4_000_000_000   # both warm, both busy
     procs = []
@@ -92,7 +113,8 @@ def test_default_two_containers_split_30_70(tmp_path, uuid, figures):
         env.update(LD_PRELOAD=str(gpu_env.LIBVGPU), CUDA_DEVICE_SM_LIMIT=str(pct),
                    GPU_CORE_UTILIZATION_POLICY="default", LIBCUDA_LOG_LEVEL="4")  # the limiter's NVML lines
         procs.append(subprocess.Popen(
-            PROBE + ["busy", "--kernel-us", "1000", "--seconds", "8", "--mode", "work", "--start-at", str(start_at)],
+            PROBE + ["busy", "--kernel-us", "1000", "--seconds", "8", "--mode", "work", "--start-at", str(start_at),
+                     "--spans", tmp_path / f"spans{pct}.json"],
             env=gpu_env.clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     got, nvml = [], []
     for proc in procs:
@@ -104,8 +126,10 @@ def test_default_two_containers_split_30_70(tmp_path, uuid, figures):
         nvml.append(limiter_lines(err))
     work = [g["kernels_in_window"] for g in got]
     split = 100 * work[0] / sum(work)
+    spans = [json.loads((tmp_path / f"spans{pct}.json").read_text()) for pct in (30, 70)]
     figures.update(split_30=split, kernels=work, busy_pct=[g["busy_pct"] for g in got],
-                   kernel_us_median=[g["kernel_us_median"] for g in got], limiter_nvml_30_70=nvml)
+                   kernel_us_median=[g["kernel_us_median"] for g in got], limiter_nvml_30_70=nvml,
+                   interleaving_30_70=[interleaving(spans[0], spans[1]), interleaving(spans[1], spans[0])])
     assert abs(split - 30) <= 3, got
 
 
