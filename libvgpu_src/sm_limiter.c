@@ -40,10 +40,12 @@
  *   call's return (never more than half of it, nor four times the least such gap
  *   lately: a call held up after the kernel was queued would hide kernel time);
  *   tests/simgpu/test_kernels.py shows both on the simulator, which models the
- *   dispatch as the H200 showed it. Launches that did not wait are not primed
- *   (a job below its share pays no extra launch), nor where the empty kernel
- *   cannot be loaded (the driver cannot compile its PTX): they are charged as
- *   measured.
+ *   dispatch as the H200 showed it. Only launches near the share are primed:
+ *   those that waited for it or found the bucket under half full (where a job
+ *   whose kernels run below its share would be held back by its dispatch
+ *   billed); a job far below its share pays no extra launch. Nor where the
+ *   empty kernel cannot be loaded (the driver cannot compile its PTX): those
+ *   are charged as measured.
  * - Launches measured but not yet harvested are bounded (SM_PROBES, and two or
  *   SM_INFLIGHT_NS of estimated work; one until a first measurement exists):
  *   a process cannot run further ahead of its measurements than that.
@@ -678,7 +680,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
 
     pthread_mutex_lock(&loc->lock);
     int capture_mode = hami_capture_relax();
-    int billed = 1, waited = 0;
+    int billed = 1, near_share = 0;
     for (;;) {
         uint32_t share = sm_share(limits, dev);
         if (!share) {                            /* limit lifted while running */
@@ -703,6 +705,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         int64_t tokens = own < shared ? own : shared;
         if ((free_run || tokens > 0) && window_open) {
             billed = !free_run;
+            near_share |= tokens < SM_BURST_WINDOW_NS / 200 * share;
             break;
         }
         /* sleep until the deficit has refilled, or look again for a measurement */
@@ -715,7 +718,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
          * chunk, so a long wait shows while it lasts and a process killed in it
          * has counted what it slept */
         int64_t slept_from = short_of_share ? hami_now_ns() : 0;
-        waited |= short_of_share;
+        near_share |= short_of_share;
         hami_sleep_ns(wait, SM_SLEEP_MIN_NS, SM_SLEEP_MAX_NS);
         if (short_of_share)
             __atomic_add_fetch(&st->throttled_ns, (uint64_t)(hami_now_ns() - slept_from), __ATOMIC_RELAXED);
@@ -728,7 +731,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
     if (idx >= 0) {
         struct sm_probe *p = &loc->probes[idx];
         int idle = loc->in_use == 0;             /* harvested just now: all earlier ones done */
-        int primed = idle && billed && waited && sm_prime(p->ctx, stream);
+        int primed = idle && billed && near_share && sm_prime(p->ctx, stream);
         /* the start event is reached once the primer is dispatched, the kernel once its own
          * dispatch follows its call's return: the gap runs from the primer's return */
         int64_t primed_at = primed ? hami_now_ns() : 0;

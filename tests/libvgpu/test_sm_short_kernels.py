@@ -82,3 +82,48 @@ def test_the_primer_goes_with_its_context(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = [line for line in proc.stderr.splitlines() if "the primer is loaded" in line]
     assert len(loaded) == 2 and "cannot be loaded" not in proc.stderr, proc.stderr[-2000:]
+
+
+PACED = """
+import json, sys, time
+from simcuda import Cuda
+c = Cuda("libcuda.so.1")
+c.init(0)
+s = c.stream()
+period = float(sys.argv[1])
+for _ in range(20):
+    c.kernel(50, s)
+c.sync(s)
+t0 = time.perf_counter()
+n = 0
+while time.perf_counter() - t0 < 3:
+    c.kernel(50, s)
+    n += 1
+    while time.perf_counter() < t0 + n * period:  # the next launch's time: late ones go at once
+        pass
+c.sync(s)
+print(json.dumps(n * 50e-6 / (time.perf_counter() - t0) * 100))
+"""
+
+
+def paced_job(work: Path, libvgpu: Path = sim_probe.LIBVGPU) -> tuple:
+    """50 us kernels paced at 27 % of the GPU's time, in a 30 % `force` share: the share of the
+    GPU's time it got and the seconds its launches waited for the share."""
+    from hami_runtime.node import region
+    env = sim_probe.container_env(work, "paced", 30, "force", libvgpu=libvgpu)
+    env["PYTHONPATH"] = str(sim_probe.ROOT / "tests" / "simgpu")
+    proc = subprocess.run([sys.executable, "-c", PACED, str(50e-6 / 0.27)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with region.open(work / "paced.region") as shared:
+        return float(proc.stdout.strip().splitlines()[-1]), shared.sm_times(0).throttled_ns / 1e9
+
+
+@pytest.mark.timeout(60)
+def test_a_job_below_its_share_is_not_held(tmp_path):
+    """Bar: a job whose demand is below its share is not slowed. Billed with their dispatch (10 us
+    a launch here, as on an H200) the paced kernels would cost 32 % and wait for the share (0.8 s
+    of 3 when only launches that had waited were primed); launched near the share they are
+    primed, so the job runs as paced and its launches do not wait."""
+    busy, throttled_s = paced_job(tmp_path)
+    assert throttled_s < 0.4 and busy > 25, (busy, throttled_s)
