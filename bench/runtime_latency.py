@@ -71,7 +71,7 @@ from pathlib import Path
 from sim_runtime import ROOT, SIM_CONFIG, private_config, sim_config_missing
 
 sys.path.insert(0, str(ROOT))
-from tests.conftest import has_children, processes_with_env  # noqa: E402
+from tests.conftest import is_spare, processes_with_env, serving_children  # noqa: E402
 
 LAUNCHER = ROOT / "build" / "hami-runtime"
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
@@ -209,8 +209,10 @@ class Setup:
             time.sleep(0.005)
 
     def servers(self) -> list:
-        """The create servers of this bench's config."""
-        return processes_with_env(b"HAMI_CREATE_SERVER=1", f"HAMI_CONFIG={self.env['HAMI_CONFIG']}".encode())
+        """The create servers of this bench's config (and children serving a request; not a spare)."""
+        return [pid for pid in processes_with_env(b"HAMI_CREATE_SERVER=1",
+                                                  f"HAMI_CONFIG={self.env['HAMI_CONFIG']}".encode())
+                if not is_spare(pid)]
 
     def server_answers(self) -> bool:
         """The server accepts a connection (which it serves as a request it declines)."""
@@ -233,8 +235,8 @@ class Setup:
                        for token in line.split() if token.count(":") == 2)
 
     def server_quiet(self) -> bool:
-        """No create server of ours has a child (a request in flight, or one not yet reaped)."""
-        return not any(has_children(pid) for pid in self.servers())
+        """No create server of ours has a child serving a request (or one not yet reaped)."""
+        return not any(serving_children(pid) for pid in self.servers())
 
     def background_gone(self, timeout=20.0):
         """Waits until no detached release or warm-up the launcher started is

@@ -112,13 +112,24 @@ def processes_with_env(*entries: bytes) -> list:
     return found
 
 
-def has_children(pid: int) -> bool:
-    """The process has a child (a zombie not yet reaped included); False once it is gone."""
+def is_spare(pid: int) -> bool:
+    """A create server's child waiting for a request (create_server.SPARE_NAME)."""
+    from hami_runtime.lifecycle.serving.create_server import SPARE_NAME
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return bool(handle.read().split())
+        with open(f"/proc/{pid}/comm", "rb") as handle:
+            return handle.read().strip() == SPARE_NAME
     except OSError:
         return False
+
+
+def serving_children(pid: int) -> list:
+    """The children of create server `pid` that serve a request (zombies not yet reaped
+    included): every child but its spare; none once it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(child) for child in handle.read().split() if not is_spare(int(child))]
+    except OSError:
+        return []
 
 
 @pytest.fixture(scope="session", autouse=True)

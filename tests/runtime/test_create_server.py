@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hami_runtime.lifecycle.serving import create_server
-from tests.conftest import has_children, processes_with_env
+from tests.conftest import is_spare, processes_with_env, serving_children
 
 from .node import LAUNCHER
 from .test_launcher_fastpath import holders, settled, warmed
@@ -34,15 +34,17 @@ def configure(node, **keys):
 
 
 def server_pids(node) -> list:
-    """The create servers this node's launcher started (their env names its config)."""
-    return processes_with_env(b"HAMI_CREATE_SERVER=1", f"HAMI_CONFIG={node.config}".encode())
+    """The create servers this node's launcher started (their env names its config), and the
+    children serving a request (forked from them, the same env); not a spare."""
+    return [pid for pid in processes_with_env(b"HAMI_CREATE_SERVER=1", f"HAMI_CONFIG={node.config}".encode())
+            if not is_spare(pid)]
 
 
 def no_requests_in_flight(node, timeout=30.0) -> bool:
-    """Waits until the node's servers have no child (no request being served)."""
+    """Waits until the node's servers have no child serving a request."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(has_children(pid) for pid in server_pids(node)):
+        if not any(serving_children(pid) for pid in server_pids(node)):
             return True
         time.sleep(0.02)
     return False
@@ -132,6 +134,37 @@ def test_a_gpu_create_is_served_once_a_server_runs(node):
     assert specs["served"] == specs["alone"]
     assert no_requests_in_flight(node)  # the last release's child (it has the server's env) gone
     assert len(server_pids(node)) == 1
+
+
+def spare_of(server: int, timeout=10.0):
+    """The server's spare once one waits (None past the timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{server}/task/{server}/children") as handle:
+                spares = [int(child) for child in handle.read().split() if is_spare(int(child))]
+        except OSError:
+            return None
+        if spares:
+            return spares[0]
+        time.sleep(0.02)
+    return None
+
+
+def test_a_quiet_server_serves_the_next_create_from_its_spare(served):
+    """Once quiet, the server has a child forked ahead, set up, waiting for a request (named
+    create_server.SPARE_NAME): the next create is served by that process, with no fork on its
+    path, and a new spare waits after it."""
+    node = served
+    [server] = server_pids(node)
+    spare = spare_of(server)
+    assert spare is not None
+    rc, err, launcher, logged = create(node, "spared", node.bundle("spared", GPU, args=("true",)))
+    assert rc == 0, err
+    assert logged == spare and node.allocations()["spared"]["creator"]["pid"] == launcher
+    assert node.runtime("delete", "-f", "spared", cmd=[str(LAUNCHER)]).returncode == 0
+    assert released(node) and no_requests_in_flight(node)
+    assert spare_of(server) not in (None, spare)
 
 
 REFUSALS = [

@@ -18,6 +18,7 @@ from hami_runtime.lifecycle.serving import create_server
 from .node import LAUNCHER
 from .test_create_server import (GPU, answering, create, ended, no_requests_in_flight, served,  # noqa: F401
                                  server_pids, socket_path)
+from tests.conftest import serving_children
 
 pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
 
@@ -214,14 +215,6 @@ FLOODS = {  # how the flooder is run, what its connections send
 }
 
 
-def children_of(pid) -> list:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(p) for p in handle.read().split()]
-    except OSError:
-        return []
-
-
 def pss_kib(pid) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as handle:
@@ -253,7 +246,7 @@ def test_a_flood_of_connections_costs_only_the_servers_service(served, kind):
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=err, env=node.env, cwd=node.tmp)
             while proc.poll() is None:
-                children = children_of(server)
+                children = serving_children(server)
                 most_children = max(most_children, len(children))
                 most_pss = max(most_pss, pss_kib(server) + sum(pss_kib(c) for c in children))
                 time.sleep(0.02)

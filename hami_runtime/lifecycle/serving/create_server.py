@@ -12,7 +12,12 @@ on <state_dir>/server/socket (0600, in the host-only state dir).
 
 A request is a launcher's whole command (a create or run, or a delete's
 release): its argv, env, cwd, umask and its stdin, stdout and stderr (passed
-as fds). For each, the server forks; the
+as fds). Each is served by a child: the *spare*, forked ahead of the request
+and set up as a child already (named SPARE_NAME while it waits), to which the
+server hands the connection, forking the next spare once it has; or, where
+none waits (the spare gone, or a fork refused), one forked for it. (A fork of
+this process and its child's start were half of a served create's handoff:
+BENCHMARKS.md.) The
 child takes on those, runs the command as `python -m hami_runtime` would
 (command.run), with the launcher's pid as the create's (the process that becomes
 runc), and answers "exec this runtime", "exit with this status" or "do it
@@ -70,6 +75,9 @@ IDLE_S = 1.0                       # a connection silent this long is closed, un
 REQUEST_S = 3.0                    # the launcher's wait (2 s) and some: the request received and taken on
 TAKEN, GO, DECLINED = b"A", b"G", b"F"
 EXEC, EXIT = b"E", b"X"
+SPARE_NAME = b"hami-spare"         # the waiting child's name (/proc/<pid>/comm), for tools and tests
+PR_SET_NAME = 15                   # prctl's, to set it
+HANDED = struct.Struct("<id")      # to the spare, with the connection: its launcher's pid, when accepted
 
 
 def socket_path(state_dir: str) -> str:
@@ -106,6 +114,7 @@ def serve() -> int:
     gc.enable()  # a long life: its exceptions' cycles are collected
     children: set = set()
     waiting: dict = {}  # connection: (when accepted, its launcher's pid)
+    spare = None  # (pid, the socket it waits on)
     last = checked = time.monotonic()
     while True:  # it ends leaving its socket: a create that asks for no GPU then starts none
         _reap(children)
@@ -113,6 +122,8 @@ def serve() -> int:
         for conn in [c for c, (since, _) in waiting.items() if now - since >= IDLE_S]:
             del waiting[conn]
             conn.close()
+        if spare is None:
+            spare = _fork_spare((listener, wake_up, woken, *waiting))
         watched = [wake_up, *waiting] + ([listener] if len(waiting) < MAX_WAITING else [])
         soonest = min((since + IDLE_S - now for since, _ in waiting.values()), default=TICK_S)
         readable = select.select(watched, [], [], max(0.0, min(TICK_S, soonest)))[0]
@@ -140,10 +151,16 @@ def serve() -> int:
                     if ended():
                         _decline(ready)
                         return 0
-                    child = os.fork()
-                    if child == 0:
-                        _child(ready, pid, since, (listener, wake_up, woken, *waiting))
-                    children.add(child)
+                    if spare is not None and _hand_over(spare[1], ready, pid, since):
+                        children.add(spare[0])
+                    else:
+                        child = os.fork()
+                        if child == 0:
+                            _child(ready, pid, since, (listener, wake_up, woken, *waiting))
+                        children.add(child)
+                    if spare is not None:
+                        spare[1].close()
+                        spare = None
 
 
 def _accept(listener: socket.socket, waiting: dict, world: tuple) -> None:
@@ -271,19 +288,87 @@ def _normal_priority() -> None:
         pass  # not allowed: it stays where it was
 
 
-def _child(conn: socket.socket, pid: int, accepted: float, servers: tuple) -> None:
-    """Serves the request of launcher `pid`, whose connection was accepted at
-    `accepted` (time.monotonic), and ends the process. Without an answer (the
-    request not received and taken on within REQUEST_S, or this process died
-    before it could answer), the launcher runs the command itself.
-    `servers`: the server's sockets, not this child's."""
-    deadline = accepted + REQUEST_S
+def _fork_spare(servers: tuple):
+    """(pid, socket) of a spare forked now; None where it cannot be (a request is
+    then forked for)."""
+    try:
+        ours, theirs = socket.socketpair()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return None
+    if pid == 0:
+        ours.close()
+        _spare(theirs, servers)
+    theirs.close()
+    return pid, ours
+
+
+def _hand_over(channel: socket.socket, conn: socket.socket, pid: int, accepted: float) -> bool:
+    """The connection goes to the spare; False if the spare is gone."""
+    try:
+        return socket.send_fds(channel, [HANDED.pack(pid, accepted)], [conn.fileno()]) == HANDED.size
+    except OSError:
+        return False
+
+
+def _spare(channel: socket.socket, servers: tuple) -> None:
+    """The spare: set up as a child ahead of any request, it waits for one
+    handed over on `channel` and serves it; it ends with the server (`channel`
+    closed) without one."""
+    name = _comm()
+    _set_comm(SPARE_NAME)
+    _become_child(servers)
+    try:
+        message, fds, _, _ = socket.recv_fds(channel, HANDED.size, 1)
+    except OSError:
+        os._exit(0)
+    if len(fds) != 1 or len(message) != HANDED.size:
+        os._exit(0)
+    channel.close()
+    _set_comm(name)
+    pid, accepted = HANDED.unpack(message)
+    _serve(socket.socket(fileno=fds[0]), pid, accepted)
+
+
+def _comm() -> bytes:
+    with open("/proc/self/comm", "rb") as handle:
+        return handle.read().strip()
+
+
+def _set_comm(name: bytes) -> None:
+    import ctypes
+    ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
+def _become_child(servers: tuple) -> None:
+    """What a child of the server is rid of: the server's signals, sockets
+    (`servers`), lock and collector."""
     gc.disable()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a delete waits for runc
     for other in servers:
         other.close()
     os.close(LOCK_FD)  # the lock is the server's alone
+
+
+def _child(conn: socket.socket, pid: int, accepted: float, servers: tuple) -> None:
+    """A child forked for the request: see _serve. `servers`: the server's
+    sockets, not this child's."""
+    _become_child(servers)
+    _serve(conn, pid, accepted)
+
+
+def _serve(conn: socket.socket, pid: int, accepted: float) -> None:
+    """Serves the request of launcher `pid`, whose connection was accepted at
+    `accepted` (time.monotonic), and ends the process. Without an answer (the
+    request not received and taken on within REQUEST_S, or this process died
+    before it could answer), the launcher runs the command itself."""
+    deadline = accepted + REQUEST_S
     try:
         request = _receive(conn, pid, deadline)
         if request is None:
