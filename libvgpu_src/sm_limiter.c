@@ -41,11 +41,11 @@
  *   lately: a call held up after the kernel was queued would hide kernel time);
  *   tests/simgpu/test_kernels.py shows both on the simulator, which models the
  *   dispatch as the H200 showed it. Only launches near the share are primed:
- *   those that waited for it or found the bucket under half full (where a job
- *   whose kernels run below its share would be held back by its dispatch
- *   billed); a job far below its share pays no extra launch. Nor where the
- *   empty kernel cannot be loaded (the driver cannot compile its PTX): those
- *   are charged as measured.
+ *   those that find the bucket under half full (as one that waited for the
+ *   share always does; there a job whose kernels run below its share would be
+ *   held back by its dispatch billed); a job far below its share pays no extra
+ *   launch. Where the empty kernel cannot be loaded (the driver cannot compile
+ *   its PTX), launches are charged as measured.
  * - Launches measured but not yet harvested are bounded (SM_PROBES, and two or
  *   SM_INFLIGHT_NS of estimated work; one until a first measurement exists):
  *   a process cannot run further ahead of its measurements than that.
@@ -705,7 +705,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         int64_t tokens = own < shared ? own : shared;
         if ((free_run || tokens > 0) && window_open) {
             billed = !free_run;
-            near_share |= tokens < SM_BURST_WINDOW_NS / 200 * share;
+            near_share = tokens < SM_BURST_WINDOW_NS / 200 * share;   /* under half full */
             break;
         }
         /* sleep until the deficit has refilled, or look again for a measurement */
@@ -718,7 +718,6 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
          * chunk, so a long wait shows while it lasts and a process killed in it
          * has counted what it slept */
         int64_t slept_from = short_of_share ? hami_now_ns() : 0;
-        near_share |= short_of_share;
         hami_sleep_ns(wait, SM_SLEEP_MIN_NS, SM_SLEEP_MAX_NS);
         if (short_of_share)
             __atomic_add_fetch(&st->throttled_ns, (uint64_t)(hami_now_ns() - slept_from), __ATOMIC_RELAXED);
