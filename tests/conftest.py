@@ -122,14 +122,18 @@ def is_spare(pid: int) -> bool:
         return False
 
 
-def serving_children(pid: int) -> list:
-    """The children of create server `pid` that serve a request (zombies not yet reaped
-    included): every child but its spare; none once it is gone."""
+def children_of(pid: int) -> list:
+    """The process's children (zombies not yet reaped included); none once it is gone."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(child) for child in handle.read().split() if not is_spare(int(child))]
+            return [int(child) for child in handle.read().split()]
     except OSError:
         return []
+
+
+def serving_children(pid: int) -> list:
+    """The children of create server `pid` that serve a request: every child but its spare."""
+    return [child for child in children_of(pid) if not is_spare(child)]
 
 
 @pytest.fixture(scope="session", autouse=True)

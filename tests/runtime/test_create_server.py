@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hami_runtime.lifecycle.serving import create_server
-from tests.conftest import is_spare, processes_with_env, serving_children
+from tests.conftest import children_of, is_spare, processes_with_env, serving_children
 
 from .node import LAUNCHER
 from .test_launcher_fastpath import holders, settled, warmed
@@ -140,11 +140,7 @@ def spare_of(server: int, timeout=10.0):
     """The server's spare once one waits (None past the timeout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{server}/task/{server}/children") as handle:
-                spares = [int(child) for child in handle.read().split() if is_spare(int(child))]
-        except OSError:
-            return None
+        spares = [child for child in children_of(server) if is_spare(child)]
         if spares:
             return spares[0]
         time.sleep(0.02)
