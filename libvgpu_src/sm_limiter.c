@@ -32,7 +32,7 @@
  *   the events would bill both, a large part of a short kernel (on an H200,
  *   ~10 us of dispatch a launch beyond the call: 50 us kernels held at 30 %
  *   ran 25 %, and NVML, which counts the dispatch busy too, gave none back).
- *   So a throttled launch on an idle GPU is primed: an empty kernel of ours goes
+ *   So a launch near the share on an idle GPU is primed: an empty kernel of ours goes
  *   to its stream first and the start event behind it, so the event is reached
  *   only once a launch has gone through the GPU's dispatch, as the kernel's own
  *   does. A launch on an idle GPU then loses from its measurement the CPU time
@@ -189,7 +189,7 @@ static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
 static int sm_events_ok;                         /* event entry points found */
 
 /* The primer: an empty kernel, PTX any driver compiles for any GPU, loaded once per
- * context where a throttled launch first needs it. Named and shaped as the simulated
+ * context where a launch first needs it. Named and shaped as the simulated
  * driver's `empty` test kernel (tests/simgpu/README.md), which runs for its parameter's
  * microseconds: 0, as the real one all but does. */
 static const char sm_primer_ptx[] = ".version 6.0\n.target sm_50\n.address_size 64\n"
@@ -631,7 +631,7 @@ static CUfunction sm_primer_of(CUcontext ctx)
         rc = sm_drv.module_function(&fn, module, "empty");
     if (rc != CUDA_SUCCESS) {
         fn = NULL;
-        hami_info("SM limit: the empty kernel that primes a throttled launch cannot be loaded (%d): "
+        hami_info("SM limit: the empty kernel that primes a launch near the share cannot be loaded (%d): "
                   "such launches are charged their dispatch too", (int)rc);
     } else {
         hami_debug("SM limit: the primer is loaded in context %p", (void *)ctx);
@@ -643,7 +643,7 @@ out:
     return fn;
 }
 
-/* Sends the primer to `stream` ahead of a throttled launch; 1 if it went. */
+/* Sends the primer to `stream` ahead of a launch near the share; 1 if it went. */
 static int sm_prime(CUcontext ctx, CUstream stream)
 {
     CUfunction fn = sm_primer_of(ctx);

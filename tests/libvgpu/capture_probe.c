@@ -2,12 +2,13 @@
  * capture_probe: stream capture and CUDA graphs on the driver API, as a program
  * that uses them would, under libvgpu or not (it comes in by LD_PRELOAD).
  *
- *   capture_probe capture MODE KERNELS REPLAYS [neighbour]
+ *   capture_probe capture MODE KERNELS REPLAYS [neighbour [LAUNCHES]]
  *       MODE global|thread_local|relaxed. Captures KERNELS test kernels of 200 µs
  *       on a stream, forked to a second stream and joined back through events, ends
  *       the capture, instantiates it and launches the graph REPLAYS times. With
- *       `neighbour`, a second thread keeps launching on a stream of its own for as
- *       long as the capture is open.
+ *       `neighbour`, a second thread keeps launching 100 µs kernels on a stream of
+ *       its own for as long as the capture is open, which waits for LAUNCHES of
+ *       them (5 by default) after each captured kernel.
  *   capture_probe graph_memory MIB upload|launch
  *       Captures a graph that allocates MIB MiB (cuMemAllocAsync), runs a kernel and
  *       frees it; commits it by cuGraphUpload or cuGraphLaunch, launches it again,
@@ -80,7 +81,7 @@ static void wait_for_neighbour(int launches)
         nanosleep(&ms, NULL);
 }
 
-static int capture(const char *mode_name, int kernels, int replays, int with_neighbour)
+static int capture(const char *mode_name, int kernels, int replays, int with_neighbour, int per_kernel)
 {
     CUstreamCaptureMode mode = !strcmp(mode_name, "relaxed")        ? CU_STREAM_CAPTURE_MODE_RELAXED
                                : !strcmp(mode_name, "thread_local") ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -115,7 +116,7 @@ static int capture(const char *mode_name, int kernels, int replays, int with_nei
                 launch_rc = cuStreamWaitEvent(s, join, 0);
         }
         if (with_neighbour)
-            wait_for_neighbour(base + 5 * (i + 1));
+            wait_for_neighbour(base + per_kernel * (i + 1));
     }
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult status_rc = cuStreamIsCapturing(s, &status);
@@ -196,7 +197,8 @@ int main(int argc, char **argv)
     CHECK(cuModuleLoadData(&mod, "sim"));
     CHECK(cuModuleGetFunction(&spin, mod, "spin"));
     if (!strcmp(argv[1], "capture") && argc >= 5)
-        return capture(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 && !strcmp(argv[5], "neighbour"));
+        return capture(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 && !strcmp(argv[5], "neighbour"),
+                       argc > 6 ? atoi(argv[6]) : 5);
     if (!strcmp(argv[1], "graph_memory") && argc == 4)
         return graph_memory(strtoull(argv[2], NULL, 10), argv[3]);
     fprintf(stderr, "capture_probe: bad arguments\n");

@@ -57,6 +57,23 @@ def test_a_global_capture_holds_while_another_thread_launches(probe, under):
     assert got["replay_rc"] == SUCCESS and got["sync_rc"] == SUCCESS, got
 
 
+@pytest.mark.parametrize("policy", ["force", "default"])
+def test_a_global_capture_holds_while_another_thread_is_primed(probe, policy):
+    """The neighbour launches long enough to be held to its 30 % share during the global
+    capture: its launches near the share are primed, the empty kernel loaded for them then
+    (libvgpu_src/sm_limiter.c, in relaxed mode) and launched on its own stream, and the capture
+    holds."""
+    env = probe.env(CUDA_DEVICE_SM_LIMIT=30, GPU_CORE_UTILIZATION_POLICY=policy, LIBCUDA_LOG_LEVEL=4)
+    args = ["capture", "global", KERNELS, 1, "neighbour", 80]
+    proc = subprocess.run([str(CAPTURE_PROBE), *map(str, args)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = parse_fields(proc.stdout)
+    assert got["neighbour_rc"] == SUCCESS and got["neighbour_launches"] >= 80 * KERNELS, got
+    assert (got["launch_rc"], got["status"], got["end_rc"]) == (SUCCESS, STATUS_ACTIVE, SUCCESS), got
+    assert got["replay_rc"] == SUCCESS and got["sync_rc"] == SUCCESS, got
+    assert "the primer is loaded" in proc.stderr, proc.stderr[-2000:]
+
+
 LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT_0": "1024m"}
 
 
