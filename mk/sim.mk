@@ -4,7 +4,7 @@ SIM_SRC := tests/simgpu
 SIM_OUT := $(BUILD)/sim
 SIM_CFLAGS := $(BASE_CFLAGS) -fvisibility=hidden -Ilibvgpu_src -I$(SIM_SRC) -pthread
 SIM_COMMON := sim_config sim_state sim_pids sim_handles
-SIM_CUDA_OBJS := $(patsubst %,$(SIM_OUT)/obj/cuda/%.o,$(SIM_COMMON) sim_image \
+SIM_CUDA_OBJS := $(patsubst %,$(SIM_OUT)/obj/cuda/%.o,$(SIM_COMMON) sim_image sim_engine \
 	$(basename $(notdir $(wildcard $(SIM_SRC)/cu_*.c))))
 SIM_NVML_OBJS := $(patsubst %,$(SIM_OUT)/obj/nvml/%.o,$(SIM_COMMON) nvml)
 SIM_HEADERS := $(SIM_SRC)/sim.h $(SIM_SRC)/sim_pids.h libvgpu_src/cuda_api.h libvgpu_src/nvml_api.h

@@ -8,7 +8,8 @@ the dispatch busy, as on the H200 where a 30 % share of 50 us kernels read 25.0 
 while ~10 us of dispatch a launch was billed and NVML's correction gave none back (the limiter
 before throttled launches were primed reads 25 % here too). Only the kernels' run may be
 charged, so 10 and 50 us kernels get their share too, and two containers at 30 and 70 % split
-the work 30 : 70.
+the work 30 : 70, though the GPU time-slices between them and the one preempted is charged for
+the other's run by its events (tests/simgpu/sim_engine.c), as on the H200.
 
 Timed on a shared machine: the bounds are wider than DESIGN.md's +-3 (bench/sm_short_kernels.py
 holds that), yet narrow enough that billing the launch gap (about 20 % of GPU time for 10 us
@@ -38,8 +39,13 @@ def test_force_share_of_short_kernels_is_gpu_time(tmp_path, kernel_us, pct):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("policy", ["default", "force"])
-def test_two_containers_split_short_kernels_30_70(tmp_path, policy):
-    split = sim_probe.pair_split(tmp_path, policy, 50, SECONDS)
+@pytest.mark.parametrize("kernel_us, seconds", [(50, SECONDS), (1000, 8)])
+def test_two_containers_split_30_70(tmp_path, kernel_us, seconds, policy):
+    """1 ms kernels in 8 s, as tests/gpu runs them: the 30 % one's kernels preempt the 70 % one's,
+    whose events take them in (tests/simgpu/sim_engine.c) until NVML's correction has learnt how
+    much; the build the H200 ran (84b4dcf, its correction not running) split 34.6-34.8 there and
+    34.7-35.0 here."""
+    split = sim_probe.pair_split(tmp_path, policy, kernel_us, seconds)
     assert abs(split - 30) <= POINTS, split
 
 

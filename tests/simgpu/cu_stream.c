@@ -5,13 +5,13 @@
  * Timing follows a GPU's, not the worker's: each stream has a GPU timeline (gpu_ns), the time
  * its last operation is done on the device. An operation reaches the device when its call
  * returns (a kernel `dispatch_us` later: the front end's work before its first block runs) and
- * starts there once the stream's earlier work is done; a kernel then books its duration on the
- * device timeline shared by every process, a time slice (`timeslice_us`) at a time (two
- * contexts' kernels never overlap: the device time-slices between them), and an event takes
- * the time its stream's timeline reached. Not modelled: an event record waiting for its
- * context's time slice (here it is reached while another context's kernel runs). So an
- * event recorded on an idle stream reads the moment it was recorded, one recorded behind a
- * kernel reads the kernel's end, and the worker's own wake-ups (late by what the OS allows)
+ * starts there once the stream's earlier work is done; a kernel then runs on the device's
+ * engine, shared by every process, which time-slices between contexts (sim_engine.c), and an
+ * event takes the time its stream's timeline reached, or later, when its context gets the
+ * engine. So an event recorded on an idle stream of an idle device reads the moment it was
+ * recorded, one recorded behind a kernel reads the kernel's end, one recorded while another
+ * context runs reads when its own context's turn came, and the worker's own wake-ups (late
+ * by what the OS allows)
  * are in no measurement; the worker sleeps until a kernel's end only so that queries and
  * synchronisations see it done when a GPU would.
  *
@@ -121,13 +121,13 @@ static uint64_t submitted(const struct sim_op *op)
     return t;
 }
 
-/* A kernel runs in time slices: each is booked when the one before it ends, so another
- * context's work that became ready meanwhile runs between them, as a GPU time-slices
- * between contexts; the kernel's end (and its events) moves by what ran between. */
+/* A kernel runs on the device's engine (sim_engine.c) a time slice at most at a time, so that a
+ * long one of a context that took the engine gives it back after its slice. The worker sleeps
+ * until the kernel's end as it stands then: another context's turn can move it later. */
 static void run_kernel(struct sim_stream *s, const struct sim_op *op)
 {
     uint64_t left = op->dur_us * 1000ULL, slice = sim_config()->timeslice_us * 1000ULL;
-    uint64_t submit = submitted(op);
+    uint64_t submit = submitted(op), ctx = sim_engine_context(s->ctx);
     uint64_t ready = submit + sim_config()->dispatch_us * 1000ULL;
     if (ready < s->gpu_ns)
         ready = s->gpu_ns;
@@ -135,11 +135,12 @@ static void run_kernel(struct sim_stream *s, const struct sim_op *op)
     uint64_t reached = submit > s->gpu_ns ? submit : s->gpu_ns, lead = ready - reached;
     do {
         uint64_t part = slice && left > slice ? slice : left;
-        ready = sim_book_kernel(s->ctx->dev, ready, part, lead) + part;
+        struct sim_ticket ticket;
+        sim_engine_book(s->ctx->dev, ctx, submit, ready, part, lead, &ticket);
+        while ((ready = sim_engine_end(s->ctx->dev, &ticket)) > sim_now_ns())
+            sleep_until(ready);
         lead = 0;
         left -= part;
-        if (ready > sim_now_ns())
-            sleep_until(ready);
     } while (left);
     s->gpu_ns = ready;
 }
@@ -660,6 +661,11 @@ static void event_reached(void *arg)
 {
     struct sim_record *r = arg;
     uint64_t t = sim_stream_gpu_time();
+    struct sim_stream *s = running_stream;
+    if (s && t > s->gpu_ns) {             /* on an idle stream: reached once its context has the engine */
+        t = sim_engine_turn(s->ctx->dev, sim_engine_context(s->ctx), t);
+        sim_stream_gpu_reach(t);
+    }
     pthread_mutex_lock(&events_lock);
     r->time_ns = t;
     r->done = 1;

@@ -23,7 +23,7 @@
 #define SIM_MAX_PROCS 1024
 #define SIM_RING 262144                  /* kernel intervals remembered per device: 2.6 s of 10 us kernels */
 #define SIM_STATE_MAGIC 0x3154535f4d495348ULL
-#define SIM_STATE_VERSION 7
+#define SIM_STATE_VERSION 8
 #define SIM_MIB (1024ULL * 1024ULL)
 #define SIM_PAGE (2 * SIM_MIB)           /* device allocations take whole 2 MiB pages */
 #define SIM_SM_VERSION 90                /* every simulated card is compute capability 9.0 */
@@ -102,8 +102,26 @@ struct sim_interval {                    /* one kernel on a device's timeline */
     uint32_t pid, slot;                  /* pid: the host's, as NVML reports it */
 };
 
+#define SIM_ENGINE_RUNS 256             /* kernels booked and not yet over, per device */
+
+struct sim_run {                         /* a kernel (or a slice of one) on the engine, not yet over */
+    uint64_t ticket;                     /* 0: the entry is free */
+    uint64_t ctx;                        /* its context (sim_engine.c) */
+    uint64_t start_ns, end_ns;
+    uint64_t ring_pos;                   /* its latest interval in the ring */
+};
+
+struct sim_engine {                      /* a device's compute engine: sim_engine.c; under `lock` */
+    pthread_mutex_t lock;                /* process-shared, robust */
+    uint64_t busy_until_ns;              /* end of the work booked */
+    uint64_t owner, owner_since_ns;      /* whose work ends last, and when its turn began (or resumes) */
+    uint64_t guest, guest_since_ns, guest_end_ns;   /* a context that took the owner's engine: its turn */
+    uint64_t tickets;
+    struct sim_run runs[SIM_ENGINE_RUNS];
+};
+
 struct sim_device_state {
-    _Atomic uint64_t busy_until_ns;      /* end of the last kernel booked on the device */
+    struct sim_engine engine;
     _Atomic uint64_t ring_head;
     struct sim_interval ring[SIM_RING];
 };
@@ -141,15 +159,29 @@ struct sim_proc_usage { uint32_t pid; uint64_t used; };
  * two copies of the driver in one process, a dlmopen'd one, summed); returns how many there are
  * (may exceed max). */
 unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max);
-/* Books `dur_ns` on the device timeline (start = max(ready_ns, busy_until)); returns start.
- * `lead_ns`: the front end's work on the launch before it (its dispatch on an idle stream),
- * which NVML's utilisation counts as busy as it does the kernel. */
-uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns, uint64_t lead_ns);
+/* This process's ids as a ring interval names it: the host's pid, its slot. */
+void sim_self_ids(uint32_t *pid, uint32_t *slot);
+void sim_mutex_init_shared(pthread_mutex_t *m);   /* process-shared, robust */
+void sim_mutex_lock_shared(pthread_mutex_t *m);   /* taking over one a killed holder left */
 /* Busy nanoseconds of the device (pid 0: all processes) within [from, to], as NVML counts them:
  * from when the engine took each launch to its kernel's end. */
 uint64_t sim_busy_ns(int dev, uint32_t pid, uint64_t from, uint64_t to);
 /* pids that ran kernels on dev within [from, to]; returns how many (up to max), last end each. */
 unsigned sim_busy_pids(int dev, uint64_t from, uint64_t to, uint32_t *pids, uint64_t *last_end, unsigned max);
+
+/* ---- a device's compute engine (sim_engine.c): one context's work at a time ---- */
+struct sim_ticket { int run; uint64_t ticket, end_ns; };   /* a booked kernel, as its booker holds it */
+/* Books `dur_ns` of context `ctx`'s work, queued (its call returned) at `queued_ns` and ready to
+ * start at `ready_ns`; returns its start. `lead_ns`: the front end's work on the launch before it
+ * (its dispatch on an idle stream), which NVML counts busy as it does the kernel. */
+uint64_t sim_engine_book(int dev, uint64_t ctx, uint64_t queued_ns, uint64_t ready_ns, uint64_t dur_ns,
+                         uint64_t lead_ns, struct sim_ticket *t);
+/* The booked kernel's end as it stands now (another context's turn can move it later). */
+uint64_t sim_engine_end(int dev, struct sim_ticket *t);
+/* When work of context `ctx` reached at `t_ns` (an event's record) gets the engine. */
+uint64_t sim_engine_turn(int dev, uint64_t ctx, uint64_t t_ns);
+/* The engine's name for a context of this process. */
+uint64_t sim_engine_context(const void *ctx);
 
 /* ---- handle registry (sim_handles.c): every handle is checked here before use ---- */
 enum sim_kind {

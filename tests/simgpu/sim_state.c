@@ -15,10 +15,9 @@
  *   A caller in the host's pid namespace checks a slot whose host pid is known (the
  *   pid service answered) by that pid, as a real driver sees the process go: gone, a
  *   zombie, or a process of another namespace or pid there is the slot's end.
- * - Kernels: a device's timeline is its busy_until time; a kernel is booked by CAS
- *   (start = max(ready, busy_until), ready: when its stream would start it), so no
- *   two kernels overlap on one device, across processes. Booked intervals go to a
- *   ring that utilisation is computed from.
+ * - Kernels: a device's engine (sim_engine.c) books them, one context's at a time, so no
+ *   two kernels overlap on one device, across processes. Each run goes to a ring that
+ *   utilisation is computed from.
  * - Pids: what NVML reports is each process's pid in the host's pid namespace, as a
  *   real driver's (the kernel's) view is. A process in that namespace knows it; one
  *   in another asks the pid service beside the state file (sim_pid_service.c),
@@ -193,22 +192,31 @@ static int slot_alive(struct sim_proc_slot *p, const struct slot_id *id)
     return 1;
 }
 
-static void state_lock(struct sim_state *s)
-{
-    if (pthread_mutex_lock(&s->lock) == EOWNERDEAD)
-        pthread_mutex_consistent(&s->lock);
-}
-
-static void state_unlock(struct sim_state *s) { pthread_mutex_unlock(&s->lock); }
-
-static void init_fresh(struct sim_state *s, const struct sim_config *cfg)
+void sim_mutex_init_shared(pthread_mutex_t *m)
 {
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
     pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(&s->lock, &attr);
+    pthread_mutex_init(m, &attr);
     pthread_mutexattr_destroy(&attr);
+}
+
+void sim_mutex_lock_shared(pthread_mutex_t *m)
+{
+    if (pthread_mutex_lock(m) == EOWNERDEAD)
+        pthread_mutex_consistent(m);
+}
+
+static void state_lock(struct sim_state *s) { sim_mutex_lock_shared(&s->lock); }
+
+static void state_unlock(struct sim_state *s) { pthread_mutex_unlock(&s->lock); }
+
+static void init_fresh(struct sim_state *s, const struct sim_config *cfg)
+{
+    sim_mutex_init_shared(&s->lock);
+    for (int d = 0; d < SIM_MAX_DEVICES; d++)
+        sim_mutex_init_shared(&s->dev[d].engine.lock);
     s->version = SIM_STATE_VERSION;
     s->devices = (uint32_t)cfg->devices;
     s->memory_bytes = cfg->memory_mib * SIM_MIB;
@@ -641,25 +649,10 @@ unsigned sim_device_procs(int dev, struct sim_proc_usage *out, unsigned max)
     return n;
 }
 
-uint64_t sim_book_kernel(int dev, uint64_t ready_ns, uint64_t dur_ns, uint64_t lead_ns)
+void sim_self_ids(uint32_t *pid, uint32_t *slot)
 {
-    struct sim_state *s = sim_state();
-    if (!s)
-        return ready_ns;
-    struct sim_device_state *d = &s->dev[sim_card(dev)];
-    uint64_t cur = atomic_load(&d->busy_until_ns), start;
-    do {
-        start = cur > ready_ns ? cur : ready_ns;
-    } while (!atomic_compare_exchange_weak(&d->busy_until_ns, &cur, start + dur_ns));
-    uint64_t pos = atomic_fetch_add(&d->ring_head, 1);
-    struct sim_interval *e = &d->ring[pos % SIM_RING];
-    atomic_store(&e->seq, 0);
-    e->start_ns = start - lead_ns;
-    e->end_ns = start + dur_ns;
-    e->pid = host_pid();
-    e->slot = (uint32_t)self_slot;
-    atomic_store(&e->seq, pos + 1);
-    return start;
+    *pid = host_pid();
+    *slot = (uint32_t)self_slot;
 }
 
 /* Calls fn for every completely written interval overlapping [from, to]. */

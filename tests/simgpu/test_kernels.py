@@ -3,7 +3,8 @@ processes, events time the stream, NVML utilisation comes from the busy time.
 
 Times are a GPU's, not the stream thread's: events read the stream's GPU timeline, a
 kernel starts `dispatch_us` after its launch call returned (the call itself takes
-`launch_us` of CPU), and two contexts' long kernels time-slice (`timeslice_us`)."""
+`launch_us` of CPU), and the device's engine time-slices between contexts (`timeslice_us`,
+sim_engine.c)."""
 import json
 import time
 
@@ -295,6 +296,59 @@ def test_two_contexts_time_slice_a_long_kernel(spawn_py, run_py, sim_env, tmp_pa
         p.stdin.close()
     first, second = (json.loads(p.stdout.readline()) for p in procs)
     assert 7.5 < first < 12.5 and 7.5 < second < 12.5, (first, second)   # never more than both kernels
+
+
+PREEMPTED = """
+    import json
+    c = Cuda(); c.init(0); s = c.stream()
+    a, b = c.event(), c.event()
+    c.kernel(1000, s); c.sync(s)
+    print('ready', flush=True)
+    spans, stop = [], time.monotonic() + 1.5
+    while time.monotonic() < stop:
+        c.call("cuEventRecord", a, s); c.kernel(1000, s); c.call("cuEventRecord", b, s); c.sync(s)
+        spans.append(c.elapsed_ms(a, b))
+    print(json.dumps(spans), flush=True)
+"""
+
+ARRIVING = """
+    import json
+    c = Cuda(); c.init(0); s = c.stream()
+    a, b = c.event(), c.event()
+    c.kernel(1000, s); c.sync(s)
+    spans = []
+    for _ in range(100):
+        time.sleep(0.004)
+        c.call("cuEventRecord", a, s); c.kernel(1000, s); c.call("cuEventRecord", b, s); c.sync(s)
+        spans.append(c.elapsed_ms(a, b))
+    print(json.dumps(spans))
+"""
+
+
+@pytest.mark.parametrize("timeslice_us, preempted", [(None, True), (0, False)])
+def test_the_context_that_takes_the_engine_never_sees_its_wait(spawn_py, run_py, sim_env, tmp_path,
+                                                                timeslice_us, preempted):
+    """As on the H200 (sim_engine.c): one process keeps the GPU busy with 1 ms kernels, one at a
+    time, its turn lasting across the gaps between them; another's 1 ms kernel, launched between
+    events on an idle stream every few ms, takes the engine at once. Its events read its own
+    kernel (its start event is reached when its context gets the engine); the preempted kernels'
+    events take in its run (here about 90 of the 100). With `timeslice_us = 0` nothing is
+    preempted: the newcomer's start event is reached when the busy one's kernel ends, and the busy
+    one's events read the other's kernel only where its start event came first and its kernel
+    second (0 to 12 here)."""
+    env = dict(sim_env)
+    if timeslice_us is not None:
+        (tmp_path / "sim.conf").write_text(f"timeslice_us = {timeslice_us}\n")
+        env["HAMI_SIM_CONFIG"] = str(tmp_path / "sim.conf")
+    busy = spawn_py(PREEMPTED, env=env)
+    arriving = sorted(json.loads(run_py(ARRIVING, env=env)))
+    busy_spans = json.loads(busy.stdout.readline())
+    stretched = sum(1 for ms in busy_spans if ms >= 1.8)
+    assert arriving[len(arriving) // 2] < 1.1, arriving
+    if preempted:
+        assert stretched >= 40, sorted(busy_spans)[-120:]
+    else:
+        assert stretched <= 30, sorted(busy_spans)[-40:]
 
 
 def test_every_launch_path_of_a_compiled_program(sim_env):
