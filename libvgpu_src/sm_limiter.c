@@ -52,10 +52,15 @@
  * - Events measure latency, not occupancy: a launch that waited behind another
  *   process's kernel (or its time slices) looks longer than it ran, and the
  *   container would pay for the other's work; and the GPU's own dispatch of a
- *   launch is inside them. Every SM_TICK_NS the process compares what NVML
- *   says its kernels ran over the last second with what it measured, and
- *   measurements are charged scaled by that ratio (smoothed, in
- *   [SM_FACTOR_MIN, 1]), alone or beside other containers. The factor never
+ *   launch is inside them. Every SM_TICK_NS the process asks NVML what its
+ *   kernels ran in the periods the driver recorded since the last ones it
+ *   judged by, and once they cover most of a second compares that with what
+ *   it measured over the same periods (NVML's sample stamps say where they
+ *   end: the newest can end up to a period, up to a second, before the
+ *   question; compared with the last second instead, a change of pace read
+ *   as a wrong ratio and had to be smoothed over seconds), and measurements
+ *   are charged scaled by that ratio (in [SM_FACTOR_MIN, 1]), alone or
+ *   beside other containers. The factor never
  *   exceeds 1, so the correction can only give back time that was not used;
  *   without NVML, or without knowing the pid NVML knows us by, it stays 1.
  *   Beside other processes of its own container it goes back to 1: their
@@ -104,8 +109,10 @@
 #define SM_SLEEP_MAX_NS 10000000LL
 #define SM_POLL_NS 200000LL                      /* waiting for a measurement: look every 0.2 ms */
 #define SM_TICK_NS 250000000LL                   /* occupancy correction period */
-#define SM_HISTORY 8                             /* ticks remembered (>= 1 s + 1 tick) */
-#define SM_NVML_WINDOW_NS 1000000000LL           /* what a process utilisation sample covers */
+#define SM_BIN_NS 25000000LL                     /* measurements kept by when they were launched, in bins of 25 ms ... */
+#define SM_BINS 128                              /* ... 3.2 s of them: past SM_NVML_KEPT_NS */
+#define SM_NVML_WINDOW_NS 1000000000LL           /* NVML's periods judged at once: most of a second */
+#define SM_NVML_KEPT_NS 3000000000LL             /* ... since the last judged, if no longer ago than this */
 #define SM_LOOK_NS 100000000LL                   /* `default`: look for other containers' work */
 #define SM_RECENT_NS 400000000LL                 /* ... stamped no longer ago than this */
 #define SM_NVML_RETRY_NS 10000000000LL           /* pid unknown to NVML: ask again after 10 s */
@@ -113,7 +120,6 @@
 #define SM_SAMPLE_EVERY 2000                     /* a measured launch in so many is logged at debug */
 #define SM_NVML_MAX_SAMPLES 65536                /* the most utilisation samples we make room for */
 #define SM_FACTOR_MIN 0.25                       /* a kernel time-sliced with others can read 2-4x its run */
-#define SM_SMOOTHING 3.0                         /* each tick moves a third of the way */
 #define SM_PID_INIT_NS_INO 0xEFFFFFFCUL          /* inode of the host's pid namespace */
 
 enum { SM_UNKNOWN = 0, SM_OFF = 1, SM_ON = 2 };
@@ -127,9 +133,16 @@ struct sm_probe {
     int64_t idle_since_ns;                       /* CPU clock after the start event's record, when
                                                     nothing was in flight (else 0) ... */
     int64_t idle_gap_ns;                         /* ... to the launch call's return */
+    int64_t launched_ns;                         /* CPU clock at the launch */
     int billed;                                  /* 0: launched while alone, nothing to charge */
     int primed;                                  /* the empty kernel went before the start event */
     int state;
+};
+
+/* Measured nanoseconds (and launches that went unmeasured) of the launches made in one bin of
+ * SM_BIN_NS: bin `index` covers [index, index + 1) x SM_BIN_NS of the CPU clock. */
+struct sm_bin {
+    int64_t index, measured, unmeasured;
 };
 
 /* What one process knows about its launches on one device. */
@@ -144,11 +157,9 @@ struct sm_local {
     uint64_t harvested;                          /* launches measured (for the sampled debug line) */
     /* occupancy correction */
     double factor;                               /* charge = measured x factor */
-    int64_t measured_ns;                         /* cumulative raw measurements */
-    int64_t unmeasured;                          /* launches that went without events */
     int64_t next_tick_ns;
-    int ticks;
-    struct { int64_t at, measured, unmeasured; } history[SM_HISTORY];
+    struct sm_bin bins[SM_BINS];                 /* by launch time: see sm_attribute */
+    unsigned long long nvml_seen_us;             /* end of NVML's last period judged by (CPU time, us); 0: none */
     struct hami_sm_state own;                    /* this process's own bucket (tokens, refill) */
     /* `default` policy */
     int alone;                                   /* no other container's work lately */
@@ -331,6 +342,45 @@ static int64_t sm_gap_taken(struct sm_local *loc, int64_t gap, int64_t ns)
     return taken < ns / 2 ? taken : ns / 2;
 }
 
+/* A launch's measured time (or, unmeasured, that it went without events) is kept by when
+ * it was launched, not when it was harvested: harvests happen at later launches, a job that
+ * pauses has its last launches harvested when it resumes, and NVML counts them where they
+ * ran. A launch runs within SM_INFLIGHT_NS of its call. */
+static void sm_attribute(struct sm_local *loc, int64_t launched_ns, int64_t ns, int unmeasured)
+{
+    int64_t index = launched_ns / SM_BIN_NS;
+    struct sm_bin *bin = &loc->bins[index % SM_BINS];
+    if (bin->index > index)
+        return;                                  /* older than what is kept */
+    if (bin->index < index) {
+        bin->index = index;
+        bin->measured = bin->unmeasured = 0;
+    }
+    bin->measured += ns;
+    bin->unmeasured += unmeasured;
+}
+
+/* What was measured of the launches made in [from, to) (the bins at its edges in proportion),
+ * and how many of them went unmeasured; -1 when part of it is older than what is kept. */
+static int sm_measured_between(const struct sm_local *loc, int64_t now, int64_t from, int64_t to, double *measured,
+                               int64_t *unmeasured)
+{
+    if (from < 0 || now - from > (SM_BINS - 1) * SM_BIN_NS)
+        return -1;
+    *measured = 0;
+    *unmeasured = 0;
+    for (int64_t index = from / SM_BIN_NS; index * SM_BIN_NS < to; index++) {
+        const struct sm_bin *bin = &loc->bins[index % SM_BINS];
+        if (bin->index != index)
+            continue;                            /* nothing launched then */
+        int64_t lo = index * SM_BIN_NS > from ? index * SM_BIN_NS : from;
+        int64_t hi = (index + 1) * SM_BIN_NS < to ? (index + 1) * SM_BIN_NS : to;
+        *measured += (double)bin->measured * (double)(hi - lo) / (double)SM_BIN_NS;
+        *unmeasured += bin->unmeasured;
+    }
+    return 0;
+}
+
 /* Charges what finished launches really used, oldest first; never waits. */
 static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
 {
@@ -356,7 +406,7 @@ static void sm_harvest(struct sm_local *loc, struct hami_sm_state *st, int dev)
                 hami_debug("SM limit: a launch measured %.1f us%s, launch gap %.1f us (%.1f taken), charged %.1f us",
                            (double)ms * 1e3, p->primed ? " primed" : "", (double)p->idle_gap_ns / 1e3,
                            (double)taken / 1e3, (double)used / 1e3);
-            loc->measured_ns += ns;
+            sm_attribute(loc, p->launched_ns, ns, 0);
             if (p->billed)
                 sm_charge(loc, st, used - p->charged_ns);
             __atomic_add_fetch(&st->busy_ns, (uint64_t)used, __ATOMIC_RELAXED);
@@ -507,21 +557,18 @@ static nvmlReturn_t sm_nvml_samples(int dev, nvmlDevice_t handle, unsigned long 
     }
 }
 
-/* This process's SM use over the last second as NVML reports it, in percent
- * (-1 if none); *company says who else used the device meanwhile: another
- * container (its board entry was active), else processes of this container
- * (samples of pids in its region: only this container can mislead itself), or
- * nobody. The samples asked for are those since one window ago (CPU time, µs):
- * with 0 the driver averages its whole sample buffer, seconds old. */
-static int sm_nvml_util(struct sm_local *loc, int dev, int *company)
+/* This process's SM use in the periods NVML recorded after `since` (CPU time, us), in percent
+ * (-1 if it is not among the samples), and when the newest of them ended (*stamp, the newest
+ * sample's of any process; 0: none since); *company says who else used the
+ * device meanwhile: another container (its board entry was active), else processes of this
+ * container (samples of pids in its region: only this container can mislead itself), or
+ * nobody. With `since` 0 the driver would average its whole sample buffer, seconds old. */
+static int sm_nvml_util(struct sm_local *loc, int dev, unsigned long long since, unsigned long long *stamp,
+                        int *company)
 {
     *company = hami_activity_others(SM_NVML_WINDOW_NS) > 0 ? SM_WITH_FOREIGN : SM_ALONE;
-    struct timespec wall;
-    clock_gettime(CLOCK_REALTIME, &wall);
-    unsigned long long since =
-        (unsigned long long)wall.tv_sec * 1000000ULL + (unsigned long long)wall.tv_nsec / 1000ULL -
-        (unsigned long long)(SM_NVML_WINDOW_NS / 1000);
     unsigned int count;
+    *stamp = 0;
     nvmlReturn_t rc = sm_nvml_samples(dev, loc->nvml_dev, since, &count);
     if (rc != NVML_SUCCESS) {
         if (rc != NVML_ERROR_NOT_FOUND && rc != loc->nvml_said)
@@ -532,11 +579,13 @@ static int sm_nvml_util(struct sm_local *loc, int dev, int *company)
     }
     const nvmlProcessUtilizationSample_t *samples = sm_samples[dev].buf;
     int util = -1;
-    unsigned long long newest = 0;
+    unsigned long long own = 0;
     for (unsigned int i = 0; i < count; i++) {
+        if (samples[i].timeStamp > *stamp)
+            *stamp = samples[i].timeStamp;
         if (samples[i].pid == loc->nvml_pid) {
-            if (samples[i].timeStamp >= newest) {
-                newest = samples[i].timeStamp;
+            if (samples[i].timeStamp >= own) {
+                own = samples[i].timeStamp;
                 util = (int)samples[i].smUtil;
             }
         } else if (*company == SM_ALONE && samples[i].smUtil && hami_region_has_pid(samples[i].pid)) {
@@ -546,51 +595,60 @@ static int sm_nvml_util(struct sm_local *loc, int dev, int *company)
     return util;
 }
 
-/* Every SM_TICK_NS: compare NVML's occupancy with our measurements of about
- * the same second. Their ratio below 1 is time measured but not run (the GPU's
+/* Every SM_TICK_NS: compare NVML's occupancy with our measurements of the same
+ * periods. Their ratio below 1 is time measured but not run (the GPU's
  * dispatch, waits behind other containers' work), and the charge factor
- * follows it. */
-static void sm_correct(struct sm_local *loc, int dev, int64_t now)
+ * follows it, but never for a process NVML counts past its share: its events
+ * took in another's run because its own turn ran long (a burst, the GPU
+ * preempting it for the other), and time given back would let it burst more
+ * (on the H200, a 30 % process read 39-40 % by NVML with its factor at
+ * 0.59-0.84). */
+static void sm_correct(struct sm_local *loc, int dev, uint32_t share, int64_t now)
 {
     if (now < loc->next_tick_ns)
         return;
     loc->next_tick_ns = now + SM_TICK_NS;
-    int slot = loc->ticks++ % SM_HISTORY;
-    loc->history[slot].at = now;
-    loc->history[slot].measured = loc->measured_ns;
-    loc->history[slot].unmeasured = loc->unmeasured;
-    if (loc->ticks <= (int)(SM_NVML_WINDOW_NS / SM_TICK_NS) || !sm_nvml_open(loc, now))
+    if (!sm_nvml_open(loc, now))
         return;
-    /* the remembered tick nearest one NVML window ago */
-    int then = -1;
-    int64_t best = 0;
-    for (int i = 0; i < SM_HISTORY && i < loc->ticks; i++) {
-        int64_t off = loc->history[i].at - (now - SM_NVML_WINDOW_NS);
-        off = off < 0 ? -off : off;
-        if (then < 0 || off < best) {
-            then = i;
-            best = off;
-        }
-    }
-    int64_t span = now - loc->history[then].at;
-    int64_t measured = loc->measured_ns - loc->history[then].measured;
-    int all_measured = loc->unmeasured == loc->history[then].unmeasured;
-    if (span < SM_NVML_WINDOW_NS * 3 / 4 || span > SM_NVML_WINDOW_NS * 3 / 2 ||
-        measured * 50 < span)                   /* under 2 %: too little to judge */
-        return;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    unsigned long long wall_us = (unsigned long long)wall.tv_sec * 1000000ULL + (unsigned long long)wall.tv_nsec / 1000ULL;
+    unsigned long long window_us = (unsigned long long)(SM_NVML_WINDOW_NS / 1000);
+    /* the periods after the last ones judged by; else (none yet, or too long ago) those of the
+     * last second, only to learn where a period ends: where the first of them starts is unknown */
+    int synced = loc->nvml_seen_us && wall_us - loc->nvml_seen_us < (unsigned long long)(SM_NVML_KEPT_NS / 1000);
+    unsigned long long since = synced ? loc->nvml_seen_us : wall_us - window_us, stamp;
     int company;
-    int util = sm_nvml_util(loc, dev, &company);
-    if (util < 0)
+    int util = sm_nvml_util(loc, dev, since, &stamp, &company);
+    if (!stamp || stamp > wall_us)
+        return;                                  /* nothing recorded since */
+    if (!synced) {
+        loc->nvml_seen_us = stamp;
         return;
-    double ratio = (double)util / 100.0 * (double)span / (double)measured;
+    }
+    int64_t from = now - (int64_t)(wall_us - since) * 1000, to = now - (int64_t)(wall_us - stamp) * 1000;
+    if (to - from < SM_NVML_WINDOW_NS * 3 / 4)
+        return;                                  /* too little yet: asked again from the same point */
+    loc->nvml_seen_us = stamp;
+    double measured;
+    int64_t unmeasured;
+    if (sm_measured_between(loc, now, from, to, &measured, &unmeasured))
+        return;
+    double span = (double)(to - from);
+    int all_measured = unmeasured == 0;
+    if (util < 0 || measured * 50 < span)        /* it ran too little then to judge by */
+        return;
+    double ratio = (double)util / 100.0 * span / measured;
     double target = 1.0;
-    if (company == SM_WITH_FOREIGN || (company == SM_ALONE && all_measured))
+    if (util > (int)share)
+        target = 1.0;                            /* past its share by the driver's count: nothing to give back */
+    else if (company == SM_WITH_FOREIGN || (company == SM_ALONE && all_measured))
         target = ratio > 1.0 ? 1.0 : ratio < SM_FACTOR_MIN ? SM_FACTOR_MIN : ratio;
     else if (company == SM_ALONE)
         target = loc->factor;                    /* launches went unmeasured: nothing to judge by */
-    loc->factor += (target - loc->factor) / SM_SMOOTHING;
+    loc->factor = target;                        /* the same periods on both sides: nothing to smooth */
     hami_debug("SM limit: NVML %d%%, measured %.1f%%, company %d, charge factor %.3f", util,
-               100.0 * (double)measured / (double)span, company, loc->factor);
+               100.0 * measured / span, company, loc->factor);
 }
 
 /* `default` policy: has no other container's work been active on the device in
@@ -691,7 +749,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         int64_t now = hami_now_ns();
         if (sm_events_ok) {
             sm_harvest(loc, st, dev);
-            sm_correct(loc, dev, now);
+            sm_correct(loc, dev, share, now);
         }
         sm_refill(st, share, now);
         sm_refill(&loc->own, share, now);
@@ -737,6 +795,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         if (sm_drv.event_record(p->start, stream) == CUDA_SUCCESS) {
             p->idle_since_ns = primed ? primed_at : idle ? hami_now_ns() : 0;
             p->idle_gap_ns = 0;
+            p->launched_ns = hami_now_ns();
             p->state = PROBE_ARMED;
             p->charged_ns = estimate;
             p->billed = billed;
@@ -752,7 +811,7 @@ static void sm_before_slow(int dev, CUstream stream, uint8_t mode)
         }
     }
     if (idx < 0)
-        loc->unmeasured++;                       /* its time will be missing from measured_ns */
+        sm_attribute(loc, hami_now_ns(), 0, 1);  /* its time will be missing from what is measured */
     hami_capture_restore(capture_mode);
     /* The lock stays held through the driver's launch, until after_launch: no
      * other thread of this process can slip a launch between our events. */

@@ -61,6 +61,43 @@ def test_the_nvml_correction_reads_the_driver_as_it_answers(tmp_path):
     assert "SM limit: NVML" in err and "process utilisation answered" not in err, err[-2000:]
 
 
+BURSTY = """
+import time
+from simcuda import Cuda
+c = Cuda("libcuda.so.1")
+c.init(0)
+s = c.stream()
+t0 = time.monotonic()
+n = 0
+while time.monotonic() - t0 < 9:
+    if int((time.monotonic() - t0) / 1.5) % 2 == 0:     # 1.5 s of demand, 1.5 s of none
+        c.kernel(5000, s)
+        n += 1
+        if n % 4 == 0:
+            c.sync(s)
+    else:
+        c.sync(s)
+        time.sleep(0.01)
+c.sync(s)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_pauses_is_judged_by_what_ran_when(tmp_path):
+    """NVML records a process's use per period, at the period's end (1 s periods here), and the
+    limiter judges those periods by the launches made in them, not by when it harvested their
+    measurements: a job whose demand comes and goes has its last launches before a pause
+    harvested when it resumes. Judged by harvest, it read up to twice what NVML counted and
+    its charges fell to half (factors 0.43-0.85 in runs of this job), so its next busy
+    stretch ran past its share."""
+    env = sim_probe.container_env(tmp_path, "bursty", 30, "force", log_level=4)
+    env["PYTHONPATH"] = str(sim_probe.ROOT / "tests" / "simgpu")
+    proc = subprocess.run([sys.executable, "-c", BURSTY], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    factors = [float(line.rsplit(" ", 1)[1]) for line in proc.stderr.splitlines() if "SM limit: NVML" in line]
+    assert factors and min(factors) >= 0.9, proc.stderr[-3000:]
+
+
 CONTEXT_RESET = """
 import ctypes, sys
 from simcuda import Cuda

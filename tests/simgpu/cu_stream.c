@@ -11,9 +11,8 @@
  * engine. So an event recorded on an idle stream of an idle device reads the moment it was
  * recorded, one recorded behind a kernel reads the kernel's end, one recorded while another
  * context runs reads when its own context's turn came, and the worker's own wake-ups (late
- * by what the OS allows)
- * are in no measurement; the worker sleeps until a kernel's end only so that queries and
- * synchronisations see it done when a GPU would.
+ * by what the OS allows) are in no measurement; the worker sleeps until a kernel's end only
+ * so that queries and synchronisations see it done when a GPU would.
  *
  * Capture follows the driver's documented rules (cuda.h, the programming guide's "Stream
  * Capture", "Prohibited and Unhandled Operations" and "Invalidation"): while a stream

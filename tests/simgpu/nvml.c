@@ -357,35 +357,50 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
     return NVML_SUCCESS;
 }
 
-/* One sample per process that ran kernels in the last second: its busy share of that
- * second, stamped (CPU time, µs) with the end of its last kernel in it. The caller's
- * buffer must hold the driver's whole sample buffer, however few samples there are:
- * a smaller one gets INSUFFICIENT_SIZE and that size (the documented sizing call
- * answers it; drivers are reported to answer 100 whatever ran, and on an H200 a
- * 64-entry buffer never got a figure). */
+/* Per-process utilisation as NVML documents it: the driver samples each process's SM use over
+ * periods of `util_period_ms` ("between 1 second and 1/6 second, depending on the product"),
+ * recorded at each period's end (periods aligned to the monotonic clock), the last four seconds'
+ * kept. A query returns, for each process that ran in the periods recorded after
+ * `lastSeenTimeStamp` (0: the last second's), its busy share of them, stamped (CPU time, µs)
+ * with the newest one's end: so a
+ * caller that passes the stamp it was last given reads exactly the periods since, and one that
+ * passes "a second ago" reads periods that end up to a period before now. The caller's buffer
+ * must hold the driver's whole sample buffer, however few samples there are: a smaller one
+ * gets INSUFFICIENT_SIZE and that size (the documented sizing call answers it; drivers are
+ * reported to answer 100 whatever ran, and on an H200 a 64-entry buffer never got a figure). */
 #define SIM_UTIL_SAMPLE_BUFFER 100
+#define SIM_UTIL_KEPT_NS (4 * SIM_UTIL_WINDOW_NS)
+
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
                                              unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
 {
     REQUIRE_DEVICE(device, idx);
     if (!processSamplesCount)
         return NVML_ERROR_INVALID_ARGUMENT;
-    uint64_t now = sim_now_ns(), from = now - SIM_UTIL_WINDOW_NS;
+    uint64_t now = sim_now_ns(), period = sim_config()->util_period_ms * 1000000ULL;
+    uint64_t newest = now / period * period;                  /* the newest recorded period's end */
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
     uint64_t real_now_us = (uint64_t)rt.tv_sec * 1000000ULL + (uint64_t)rt.tv_nsec / 1000ULL;
+    uint64_t stamp = real_now_us - (now - newest) / 1000ULL;
+    /* from the start of the oldest period recorded after lastSeenTimeStamp, as far back as they are kept */
+    uint64_t kept = newest > SIM_UTIL_KEPT_NS ? newest - SIM_UTIL_KEPT_NS : 0;
+    uint64_t from = newest > SIM_UTIL_WINDOW_NS ? newest - SIM_UTIL_WINDOW_NS : 0;
+    if (lastSeenTimeStamp && lastSeenTimeStamp < stamp && (real_now_us - lastSeenTimeStamp) * 1000ULL < now - kept) {
+        /* on the monotonic clock; 10 us for the two clocks' rounding: a stamp given is a period's end */
+        uint64_t seen_ns = now - (real_now_us - lastSeenTimeStamp) * 1000ULL + 10000ULL;
+        from = seen_ns / period * period;
+        from = from < kept ? kept : from;
+    }
     uint32_t pids[SIM_MAX_PROCS];
     uint64_t last_end[SIM_MAX_PROCS];
-    unsigned found = sim_busy_pids(idx, from, now, pids, last_end, SIM_MAX_PROCS), n = 0;
+    unsigned found = lastSeenTimeStamp >= stamp ? 0 : sim_busy_pids(idx, from, newest, pids, last_end, SIM_MAX_PROCS);
+    unsigned n = 0;
     nvmlProcessUtilizationSample_t samples[SIM_MAX_PROCS];
-    for (unsigned i = 0; i < found; i++) {
-        uint64_t stamp = real_now_us - (now - last_end[i]) / 1000ULL;
-        if (stamp <= lastSeenTimeStamp)
-            continue;
-        uint64_t busy = sim_busy_ns(idx, pids[i], from, now);
+    for (unsigned i = 0; i < found && newest > from; i++) {
+        uint64_t busy = sim_busy_ns(idx, pids[i], from, newest), span = newest - from;
         samples[n++] = (nvmlProcessUtilizationSample_t){
-            .pid = pids[i], .timeStamp = stamp,
-            .smUtil = (unsigned)((busy * 100 + SIM_UTIL_WINDOW_NS / 2) / SIM_UTIL_WINDOW_NS)};
+            .pid = pids[i], .timeStamp = stamp, .smUtil = (unsigned)((busy * 100 + span / 2) / span)};
     }
     if (n == 0) {
         *processSamplesCount = 0;

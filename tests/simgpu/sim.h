@@ -55,7 +55,8 @@ struct sim_config {
     uint64_t kernel_us;                  /* the run time of a kernel of a real image (no duration parameter) */
     uint64_t launch_us;                  /* CPU time a launch call takes before it returns */
     uint64_t dispatch_us;                /* from a launch's return to its kernel running on an idle stream */
-    uint64_t timeslice_us;               /* how long a context's kernel runs before another context's may */
+    uint64_t timeslice_us;               /* how long a context keeps the engine once another's work waits */
+    uint64_t util_period_ms;             /* NVML's per-process utilisation sample period */
     uint64_t context_us;                 /* how long making a context takes (its memory is taken first) */
     uint64_t nvml_memory_info_us;        /* how long nvmlDeviceGetMemoryInfo takes (a slow or hung driver) */
     int self_calls;                      /* 1: entry points call each other through their exported names */

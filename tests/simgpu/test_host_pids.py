@@ -16,6 +16,7 @@ from tests.simgpu.conftest import script
 INSIDE = script("""
     import pynvml
     c = Cuda(); c.init(); c.alloc(64 << 20); c.kernel(20000); c.sync()
+    time.sleep(0.15)                      # NVML samples it once its period is recorded
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     seen = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
@@ -45,6 +46,9 @@ def in_own_pid_namespace(env):
 
 @pytest.mark.parametrize("service", [True, False], ids=["service", "no service"])
 def test_a_process_in_another_pid_namespace_is_named_as_the_host_names_it(tmp_path, sim_env, run_py, service):
+    conf = tmp_path / "sim.conf"
+    conf.write_text("util_period_ms = 100\n")
+    sim_env["HAMI_SIM_CONFIG"] = str(conf)
     with PidService(tmp_path) if service else contextlib.nullcontext():
         proc, inside, on_host = in_own_pid_namespace(sim_env)
         try:

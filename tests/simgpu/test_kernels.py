@@ -109,8 +109,11 @@ def test_two_processes_never_overlap_on_one_device(spawn_py, sim_env, run_py):
         assert low <= wall < high, (devs, wall, times)
 
 
-def test_utilisation_comes_from_busy_time(spawn_py, run_py):
-    # 30 ms kernels with 70 ms gaps: ~30 % busy; the second device stays idle.
+def test_utilisation_comes_from_busy_time(spawn_py, run_py, sim_env, tmp_path):
+    # 30 ms kernels with 70 ms gaps: ~30 % busy; the second device stays idle. NVML's periods
+    # of 100 ms: the last second's are all the loop's.
+    (tmp_path / "sim.conf").write_text("util_period_ms = 100\n")
+    sim_env["HAMI_SIM_CONFIG"] = str(tmp_path / "sim.conf")
     spawn_py("""
         c = Cuda(); c.init(0); print('ready', flush=True)
         while True:
@@ -134,7 +137,7 @@ def test_utilisation_comes_from_busy_time(spawn_py, run_py):
     util0, util1, samples, age, later = out
     assert 15 <= util0 <= 40 and util1 == 0
     assert len(samples) == 1 and 15 <= samples[0][1] <= 40
-    assert age < 0.5
+    assert age < 0.5          # stamped with the end of the newest period recorded
     assert later == "Not Found"
 
 
@@ -220,6 +223,38 @@ def test_a_launch_is_dispatched_after_its_call_returned(run_py, primed, dispatch
     assert abs(beyond - dispatch_us) < 3, beyond
 
 
+def test_process_utilisation_is_recorded_per_period(spawn_py, run_py, sim_env, tmp_path):
+    """NVML records each process's SM use per sample period, at the period's end: asked again
+    with the stamp it gave, it has nothing new until the next period is recorded, and then
+    gives exactly that period (200 ms here)."""
+    conf = tmp_path / "sim.conf"
+    conf.write_text("util_period_ms = 200\n")
+    env = dict(sim_env, HAMI_SIM_CONFIG=str(conf))
+    spawn_py("""
+        c = Cuda(); c.init(0); print('ready', flush=True)
+        while True:
+            c.kernel(30_000); c.sync(); time.sleep(0.07)
+    """, env=env)
+    time.sleep(1.2)
+    out = json.loads(run_py("""
+        import json, pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        first = pynvml.nvmlDeviceGetProcessUtilization(h, 0)[0]
+        try:
+            pynvml.nvmlDeviceGetProcessUtilization(h, first.timeStamp)
+            again = "found"
+        except pynvml.NVMLError as e:
+            again = str(e)
+        time.sleep(max(0.0, first.timeStamp / 1e6 + 0.3 - time.time()))   # mid-way through the period after
+        nxt = pynvml.nvmlDeviceGetProcessUtilization(h, first.timeStamp)[0]
+        print(json.dumps([first.smUtil, again, nxt.smUtil, nxt.timeStamp - first.timeStamp]))
+    """, env=env))
+    first, again, nxt, step_us = out
+    assert 15 <= first <= 40 and again == "Not Found", out
+    assert 5 <= nxt <= 60 and abs(step_us - 200_000) < 1000, out
+
+
 def test_nvml_counts_a_launchs_dispatch_busy(run_py, sim_env, tmp_path):
     """NVML's utilisation counts the front end's work on a launch as busy, as it counts the
     kernel: on an H200, NVML read a process whose 50 us kernels ran 25 % of the time at the
@@ -227,7 +262,7 @@ def test_nvml_counts_a_launchs_dispatch_busy(run_py, sim_env, tmp_path):
     200 us dispatch before each 200 us kernel on an idle stream, NVML reads about twice the
     kernels' own time."""
     conf = tmp_path / "sim.conf"
-    conf.write_text("dispatch_us = 200\n")
+    conf.write_text("dispatch_us = 200\nutil_period_ms = 100\n")   # the last second's periods: the loop's
     out = json.loads(run_py("""
         import json, pynvml
         c = Cuda(); c.init(0)
