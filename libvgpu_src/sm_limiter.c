@@ -598,11 +598,11 @@ static int sm_nvml_util(struct sm_local *loc, int dev, unsigned long long since,
 /* Every SM_TICK_NS: compare NVML's occupancy with our measurements of the same
  * periods. Their ratio below 1 is time measured but not run (the GPU's
  * dispatch, waits behind other containers' work), and the charge factor
- * follows it, but never for a process NVML counts past its share: its events
- * took in another's run because its own turn ran long (a burst, the GPU
- * preempting it for the other), and time given back would let it burst more
- * (on the H200, a 30 % process read 39-40 % by NVML with its factor at
- * 0.59-0.84). */
+ * follows it; for a process NVML counts past its share, in proportion to how
+ * far past: its events took in another's run because its own turn ran long
+ * (a burst, the GPU preempting it for the other), and time given back would
+ * let it burst more (on the H200, a 30 % process read 39-40 % by NVML with its
+ * factor at 0.59-0.84). */
 static void sm_correct(struct sm_local *loc, int dev, uint32_t share, int64_t now)
 {
     if (now < loc->next_tick_ns)
@@ -640,13 +640,13 @@ static void sm_correct(struct sm_local *loc, int dev, uint32_t share, int64_t no
         return;
     double ratio = (double)util / 100.0 * span / measured;
     double target = 1.0;
-    if (util > (int)share)
-        target = 1.0;                            /* past its share by the driver's count: nothing to give back */
-    else if (company == SM_WITH_FOREIGN || (company == SM_ALONE && all_measured))
-        target = ratio > 1.0 ? 1.0 : ratio < SM_FACTOR_MIN ? SM_FACTOR_MIN : ratio;
+    if (company == SM_WITH_FOREIGN || (company == SM_ALONE && all_measured))
+        /* past its share by the driver's count: charged that much more than NVML counts */
+        target = ratio * (util > (int)share ? (double)util / (double)share : 1.0);
     else if (company == SM_ALONE)
         target = loc->factor;                    /* launches went unmeasured: nothing to judge by */
-    loc->factor = target;                        /* the same periods on both sides: nothing to smooth */
+    /* the same periods on both sides: nothing to smooth */
+    loc->factor = target > 1.0 ? 1.0 : target < SM_FACTOR_MIN ? SM_FACTOR_MIN : target;
     hami_debug("SM limit: NVML %d%%, measured %.1f%%, company %d, charge factor %.3f", util,
                100.0 * measured / span, company, loc->factor);
 }
