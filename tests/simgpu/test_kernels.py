@@ -381,9 +381,9 @@ def test_the_context_that_takes_the_engine_never_sees_its_wait(spawn_py, run_py,
     stretched = sum(1 for ms in busy_spans if ms >= 1.8)
     assert arriving[len(arriving) // 2] < 1.1, arriving
     if preempted:
-        assert stretched >= 40, sorted(busy_spans)[-120:]
+        assert stretched >= 30, sorted(busy_spans)[-120:]
     else:
-        assert stretched <= 30, sorted(busy_spans)[-40:]
+        assert stretched <= 25, sorted(busy_spans)[-40:]
 
 
 def test_every_launch_path_of_a_compiled_program(sim_env):
