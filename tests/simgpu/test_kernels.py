@@ -109,10 +109,10 @@ def test_two_processes_never_overlap_on_one_device(spawn_py, sim_env, run_py):
         assert low <= wall < high, (devs, wall, times)
 
 
-def test_utilisation_comes_from_busy_time(spawn_py, run_py, sim_env, tmp_path):
-    # 30 ms kernels with 70 ms gaps: ~30 % busy; the second device stays idle. NVML's periods
-    # of 100 ms: the last second's are all the loop's.
-    (tmp_path / "sim.conf").write_text("util_period_ms = 100\n")
+def busy_30_percent(spawn_py, sim_env, tmp_path, period_ms):
+    """30 ms kernels with 70 ms gaps (~30 % busy) on device 0 for a second and on, NVML's sample
+    periods `period_ms` for it and for every scenario run after."""
+    (tmp_path / "sim.conf").write_text(f"util_period_ms = {period_ms}\n")
     sim_env["HAMI_SIM_CONFIG"] = str(tmp_path / "sim.conf")
     spawn_py("""
         c = Cuda(); c.init(0); print('ready', flush=True)
@@ -120,6 +120,11 @@ def test_utilisation_comes_from_busy_time(spawn_py, run_py, sim_env, tmp_path):
             c.kernel(30_000); c.sync(); time.sleep(0.07)
     """)
     time.sleep(1.2)
+
+
+def test_utilisation_comes_from_busy_time(spawn_py, run_py, sim_env, tmp_path):
+    # the second device stays idle; NVML's periods of 100 ms: the last second's are all the loop's
+    busy_30_percent(spawn_py, sim_env, tmp_path, 100)
     out = json.loads(run_py("""
         import json, pynvml
         pynvml.nvmlInit()
@@ -227,15 +232,7 @@ def test_process_utilisation_is_recorded_per_period(spawn_py, run_py, sim_env, t
     """NVML records each process's SM use per sample period, at the period's end: asked again
     with the stamp it gave, it has nothing new until the next period is recorded, and then
     gives exactly that period (200 ms here)."""
-    conf = tmp_path / "sim.conf"
-    conf.write_text("util_period_ms = 200\n")
-    env = dict(sim_env, HAMI_SIM_CONFIG=str(conf))
-    spawn_py("""
-        c = Cuda(); c.init(0); print('ready', flush=True)
-        while True:
-            c.kernel(30_000); c.sync(); time.sleep(0.07)
-    """, env=env)
-    time.sleep(1.2)
+    busy_30_percent(spawn_py, sim_env, tmp_path, 200)
     out = json.loads(run_py("""
         import json, pynvml
         pynvml.nvmlInit()
@@ -249,7 +246,7 @@ def test_process_utilisation_is_recorded_per_period(spawn_py, run_py, sim_env, t
         time.sleep(max(0.0, first.timeStamp / 1e6 + 0.3 - time.time()))   # mid-way through the period after
         nxt = pynvml.nvmlDeviceGetProcessUtilization(h, first.timeStamp)[0]
         print(json.dumps([first.smUtil, again, nxt.smUtil, nxt.timeStamp - first.timeStamp]))
-    """, env=env))
+    """))
     first, again, nxt, step_us = out
     assert 15 <= first <= 40 and again == "Not Found", out
     assert 5 <= nxt <= 60 and abs(step_us - 200_000) < 1000, out
