@@ -54,7 +54,7 @@
  *   container would pay for the other's work; and the GPU's own dispatch of a
  *   launch is inside them. Every SM_TICK_NS the process asks NVML what its
  *   kernels ran in the periods the driver recorded since the last ones it
- *   judged by, and once they cover most of a second compares that with what
+ *   judged by, and once they cover half a second compares that with what
  *   it measured over the same periods (NVML's sample stamps say where they
  *   end: the newest can end up to a period, up to a second, before the
  *   question; compared with the last second instead, a change of pace read
@@ -111,7 +111,8 @@
 #define SM_TICK_NS 250000000LL                   /* occupancy correction period */
 #define SM_BIN_NS 25000000LL                     /* measurements kept by when they were launched, in bins of 25 ms ... */
 #define SM_BINS 128                              /* ... 3.2 s of them: past SM_NVML_KEPT_NS */
-#define SM_NVML_WINDOW_NS 1000000000LL           /* NVML's periods judged at once: most of a second */
+#define SM_NVML_WINDOW_NS 1000000000LL           /* the last second: company, and NVML's periods before a first judgement */
+#define SM_NVML_JUDGED_NS 500000000LL            /* NVML's periods are judged once they cover half a second */
 #define SM_NVML_KEPT_NS 3000000000LL             /* ... since the last judged, if no longer ago than this */
 #define SM_LOOK_NS 100000000LL                   /* `default`: look for other containers' work */
 #define SM_RECENT_NS 400000000LL                 /* ... stamped no longer ago than this */
@@ -627,7 +628,7 @@ static void sm_correct(struct sm_local *loc, int dev, uint32_t share, int64_t no
         return;
     }
     int64_t from = now - (int64_t)(wall_us - since) * 1000, to = now - (int64_t)(wall_us - stamp) * 1000;
-    if (to - from < SM_NVML_WINDOW_NS * 3 / 4)
+    if (to - from < SM_NVML_JUDGED_NS)
         return;                                  /* too little yet: asked again from the same point */
     loc->nvml_seen_us = stamp;
     double measured;
@@ -647,8 +648,9 @@ static void sm_correct(struct sm_local *loc, int dev, uint32_t share, int64_t no
         target = loc->factor;                    /* launches went unmeasured: nothing to judge by */
     /* the same periods on both sides: nothing to smooth */
     loc->factor = target > 1.0 ? 1.0 : target < SM_FACTOR_MIN ? SM_FACTOR_MIN : target;
-    hami_debug("SM limit: NVML %d%%, measured %.1f%%, company %d, charge factor %.3f", util,
-               100.0 * measured / span, company, loc->factor);
+    /* the span says how long NVML's periods are on this GPU (whole periods, half a second or more) */
+    hami_debug("SM limit: NVML %d%%, measured %.1f%% over %.2f s of its periods, company %d, charge factor %.3f",
+               util, 100.0 * measured / span, span / 1e9, company, loc->factor);
 }
 
 /* `default` policy: has no other container's work been active on the device in

@@ -21,9 +21,10 @@ SECONDS = 5
 
 def limiter_lines(stderr: str) -> list:
     """The SM limiter's last lines of each kind (LIBCUDA_LOG_LEVEL=4): what NVML read of this
-    process, what it measured and the charge factor, or why NVML's correction is off; whether
-    the primer of throttled launches loaded; and sampled launches' measurements (primed or
-    not) against their launch gaps."""
+    process, what it measured of the same periods, their span (whole periods of NVML's: how long
+    they are on this GPU; the simulator's are 1/6 s unless set) and the charge factor, or why NVML's correction
+    is off; whether the primer of throttled launches loaded; and sampled launches' measurements
+    (primed or not) against their launch gaps."""
     lines = [line.split("SM limit: ", 1)[1] for line in stderr.splitlines() if "SM limit: " in line]
     return ([line for line in lines if "NVML" in line or "pid is unknown" in line][-6:]
             + [line for line in lines if "prime" in line and not line.startswith("a launch")][-2:]

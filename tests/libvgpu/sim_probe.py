@@ -22,21 +22,26 @@ import gpu_env  # noqa: E402
 
 
 def container_env(work: Path, name: str, pct: int, policy: str, board: Path | None = None,
-                  libvgpu: Path = LIBVGPU, log_level: int = 1) -> dict:
-    """A process of container `name` on the simulated card, its SM share `pct` under `policy`."""
+                  libvgpu: Path = LIBVGPU, log_level: int = 1, nvml_period_ms: int = 0) -> dict:
+    """A process of container `name` on the simulated card, its SM share `pct` under `policy`;
+    NVML's per-process sample period `nvml_period_ms` where given (the simulator's otherwise)."""
     env = gpu_env.container_env(work, name, CARD_UUID, board=board)
     env.update(LD_PRELOAD=str(libvgpu), LD_LIBRARY_PATH=str(SIM_LIB), HAMI_SIM_STATE=str(work / "sim.state"),
                CUDA_DEVICE_SM_LIMIT=str(pct), GPU_CORE_UTILIZATION_POLICY=policy, LIBCUDA_LOG_LEVEL=str(log_level))
+    if nvml_period_ms:
+        (work / "sim.conf").write_text(f"util_period_ms = {nvml_period_ms}\n")
+        env["HAMI_SIM_CONFIG"] = str(work / "sim.conf")
     return gpu_env.clean_env(**env)
 
 
 def start(work: Path, name: str, pct: int, policy: str, kernel_us: int, seconds: int, mode: str = "time",
           board: Path | None = None, start_at: int = 0, libvgpu: Path = LIBVGPU,
-          log_level: int = 1) -> subprocess.Popen:
+          log_level: int = 1, nvml_period_ms: int = 0) -> subprocess.Popen:
     argv = PROBE + ["--kernel-us", str(kernel_us), "--seconds", str(seconds), "--mode", mode]
     if start_at:
         argv += ["--start-at", str(start_at)]
-    return subprocess.Popen(argv, env=container_env(work, name, pct, policy, board, libvgpu, log_level),
+    env = container_env(work, name, pct, policy, board, libvgpu, log_level, nvml_period_ms)
+    return subprocess.Popen(argv, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -53,12 +58,13 @@ def alone(work: Path, pct: int, kernel_us: int, seconds: int, libvgpu: Path = LI
 
 
 def pair_split(work: Path, policy: str, kernel_us: int, seconds: int, shares=(30, 70),
-               libvgpu: Path = LIBVGPU) -> float:
+               libvgpu: Path = LIBVGPU, nvml_period_ms: int = 0) -> float:
     """Two containers on one board, the same fixed-work kernel in the same window (as tests/gpu
     does): the first one's % of the kernels both completed."""
     board = work / "board"
     start_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 2_000_000_000   # both warm
-    procs = [start(work, f"c{pct}", pct, policy, kernel_us, seconds, "work", board, start_at, libvgpu)
+    procs = [start(work, f"c{pct}", pct, policy, kernel_us, seconds, "work", board, start_at, libvgpu,
+                   nvml_period_ms=nvml_period_ms)
              for pct in shares]
     work_done = [finish(p)["kernels_in_window"] for p in procs]
     return 100 * work_done[0] / sum(work_done)

@@ -39,13 +39,13 @@ def test_force_share_of_short_kernels_is_gpu_time(tmp_path, kernel_us, pct):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("policy", ["default", "force"])
-@pytest.mark.parametrize("kernel_us, seconds", [(50, SECONDS), (1000, 8)])
-def test_two_containers_split_30_70(tmp_path, kernel_us, seconds, policy):
+@pytest.mark.parametrize("kernel_us, seconds, nvml_period_ms", [(50, SECONDS, 0), (1000, 8, 1000)])
+def test_two_containers_split_30_70(tmp_path, kernel_us, seconds, nvml_period_ms, policy):
     """1 ms kernels in 8 s, as tests/gpu runs them: the 30 % one's kernels preempt the 70 % one's,
     whose events take them in (tests/simgpu/sim_engine.c) until NVML's correction has learnt how
-    much; the build the H200 ran (84b4dcf, its correction not running) split 34.6-34.8 there and
-    34.0-35.0 here."""
-    split = sim_probe.pair_split(tmp_path, policy, kernel_us, seconds)
+    much, here from NVML's slowest periods (1 s); the build the H200 ran (84b4dcf, its correction
+    not running) split 34.6-34.8 there and 34.0-35.0 here."""
+    split = sim_probe.pair_split(tmp_path, policy, kernel_us, seconds, nvml_period_ms=nvml_period_ms)
     assert abs(split - 30) <= POINTS, split
 
 
@@ -68,34 +68,38 @@ c = Cuda("libcuda.so.1")
 c.init(0)
 s = c.stream()
 t0 = time.monotonic()
-n = 0
+busy = 0                                       # 5 ms kernels launched while it had demand
 while time.monotonic() - t0 < 9:
     if int((time.monotonic() - t0) / 1.5) % 2 == 0:     # 1.5 s of demand, 1.5 s of none
         c.kernel(5000, s)
-        n += 1
-        if n % 4 == 0:
+        busy += 1
+        if busy % 4 == 0:
             c.sync(s)
     else:
         c.sync(s)
         time.sleep(0.01)
 c.sync(s)
+print(busy * 5e-3 / 4.5 * 100)                 # % of the GPU's time in its 4.5 s of demand
 """
 
 
 @pytest.mark.timeout(60)
 def test_a_job_that_pauses_is_judged_by_what_ran_when(tmp_path):
-    """NVML records a process's use per period, at the period's end (1 s periods here), and the
-    limiter judges those periods by the launches made in them, not by when it harvested their
-    measurements: a job whose demand comes and goes has its last launches before a pause
-    harvested when it resumes. Judged by harvest, it read up to twice what NVML counted and
-    its charges fell to half (factors 0.43-0.85 in runs of this job), so its next busy
-    stretch ran past its share."""
-    env = sim_probe.container_env(tmp_path, "bursty", 30, "force", log_level=4)
+    """NVML records a process's use per period, at the period's end (1 s periods here, its
+    slowest), and the limiter judges those periods by the launches made in them, not by when it
+    harvested their measurements: a job whose demand comes and goes has its last launches before
+    a pause harvested when it resumes. Judged by harvest and against the last second, such a job
+    read more than NVML counted: in two runs of three its charge factor fell to 0.43-0.53 and
+    its busy stretches got 44-45 % of the GPU's time (31 % now). Under load a factor below 1 is
+    right where the CPU held a launch between its events (time measured, not run); running past
+    the share is not."""
+    env = sim_probe.container_env(tmp_path, "bursty", 30, "force", log_level=4, nvml_period_ms=1000)
     env["PYTHONPATH"] = str(sim_probe.ROOT / "tests" / "simgpu")
     proc = subprocess.run([sys.executable, "-c", BURSTY], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    factors = [float(line.rsplit(" ", 1)[1]) for line in proc.stderr.splitlines() if "SM limit: NVML" in line]
-    assert factors and min(factors) >= 0.9, proc.stderr[-3000:]
+    judged = [line.split("SM limit: NVML ", 1)[1] for line in proc.stderr.splitlines() if "SM limit: NVML" in line]
+    busy_pct = float(proc.stdout.strip().splitlines()[-1])
+    assert judged and busy_pct <= 30 + 4, (busy_pct, judged)   # the share, and a burst after each pause
 
 
 CONTEXT_RESET = """

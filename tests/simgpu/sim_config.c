@@ -186,7 +186,7 @@ static void load(void)
     struct sim_config c = {
         .devices = 2, .memory_mib = 16384, .sms = 132, .name = "HAMi Simulated GPU",
         .context_mib = 300, .driver_version = "550.54.15", .cuda_version = 12040,
-        .stale_seconds = 10, .kernel_us = 10, .launch_us = 3, .dispatch_us = 10, .timeslice_us = 2000, .util_period_ms = 1000, .host_memory_mib = 65536, .brand = 14,
+        .stale_seconds = 10, .kernel_us = 10, .launch_us = 3, .dispatch_us = 10, .timeslice_us = 2000, .util_period_ms = 167, .host_memory_mib = 65536, .brand = 14,
     };
     const char *path = getenv("HAMI_SIM_CONFIG");
     if (path && *path && load_file(path, &c))
