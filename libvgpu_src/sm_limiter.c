@@ -599,11 +599,14 @@ static int sm_nvml_util(struct sm_local *loc, int dev, unsigned long long since,
 /* Every SM_TICK_NS: compare NVML's occupancy with our measurements of the same
  * periods. Their ratio below 1 is time measured but not run (the GPU's
  * dispatch, waits behind other containers' work), and the charge factor
- * follows it; for a process NVML counts past its share, in proportion to how
- * far past: its events took in another's run because its own turn ran long
- * (a burst, the GPU preempting it for the other), and time given back would
- * let it burst more (on the H200, a 30 % process read 39-40 % by NVML with its
- * factor at 0.59-0.84). */
+ * follows it; beside another container, less for a process NVML counts past
+ * its share, in proportion to how far past: its events took in the other's run
+ * because its own turn ran long (a burst, the GPU preempting it for the
+ * other), and time given back would let it burst more (on the H200, a 30 %
+ * process read 39-40 % by NVML with its factor at 0.59-0.84). Not alone: NVML
+ * counts a short kernel's dispatch too, so a job of 10 us kernels reads past
+ * its share at half of it, and under CPU load (a launch held between its
+ * events) would be held there. */
 static void sm_correct(struct sm_local *loc, int dev, uint32_t share, int64_t now)
 {
     if (now < loc->next_tick_ns)
@@ -641,9 +644,11 @@ static void sm_correct(struct sm_local *loc, int dev, uint32_t share, int64_t no
         return;
     double ratio = (double)util / 100.0 * span / measured;
     double target = 1.0;
-    if (company == SM_WITH_FOREIGN || (company == SM_ALONE && all_measured))
+    if (company == SM_WITH_FOREIGN)
         /* past its share by the driver's count: charged that much more than NVML counts */
         target = ratio * (util > (int)share ? (double)util / (double)share : 1.0);
+    else if (company == SM_ALONE && all_measured)
+        target = ratio;                          /* alone: nobody's turn in its events, only its own gaps */
     else if (company == SM_ALONE)
         target = loc->factor;                    /* launches went unmeasured: nothing to judge by */
     /* the same periods on both sides: nothing to smooth */
