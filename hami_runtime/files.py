@@ -100,6 +100,19 @@ def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
         os.close(dir_fd)
 
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id(path: str = BOOT_ID) -> str:
+    """This boot's id; "" where it cannot be read. Read as bytes: a text read looks
+    the codec up, an import in each of the create server's children."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
 def _stat_fields(pid: int):
     """/proc/<pid>/stat's fields after the command name (state first), None if gone."""
     try:

@@ -7,8 +7,10 @@ from collections.abc import Callable
 
 
 def _whole(pattern: str) -> Callable[[str], bool]:
-    """Compiled at its first use (re keeps it): a create uses a few of them."""
-    return lambda value: re.fullmatch(pattern, value) is not None
+    """Compiled at import, so that the create server's children inherit it
+    compiled rather than each compiling it again."""
+    match = re.compile(pattern).fullmatch
+    return lambda value: match(value) is not None
 
 
 container_id = _whole(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,1023}")  # runc's own rule

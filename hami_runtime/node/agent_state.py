@@ -43,14 +43,6 @@ def lock_path(state_dir: str) -> str:
     return os.path.join(agent_dir(state_dir), LOCK_FILE)
 
 
-def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
-
-
 @dataclass
 class AgentState:
     pid: int = 0

@@ -25,7 +25,7 @@ import time
 
 from .. import phases
 from ..errors import HamiError
-from ..files import atomic_write, file_key, read_state_file, sha256_hex
+from ..files import atomic_write, boot_id, file_key, read_state_file, sha256_hex
 from ..path_trust import make_state_dir
 from . import discovery
 from .gpu import GpuInfo
@@ -47,17 +47,10 @@ MAX_ENTRY_BYTES = 4 << 20
 def _file_id(path: str):
     """What changes when the file is replaced or rewritten; None when absent."""
     try:
-        return file_key(os.path.realpath(path), os.stat(path))
+        st = os.stat(path)  # first: most places looked at hold no file, and realpath is slow
     except OSError:
         return None
-
-
-def _boot_id() -> str | None:
-    try:
-        with open(BOOT_ID, encoding="ascii") as handle:
-            return handle.read().strip() or None
-    except OSError:
-        return None
+    return file_key(os.path.realpath(path), st)
 
 
 def _kernel_gpus():
@@ -107,7 +100,7 @@ def _environment_hash() -> str:
 def _base_key(cfg) -> dict:
     return {
         "version": VERSION,
-        "boot_id": _boot_id(),
+        "boot_id": boot_id(BOOT_ID) or None,
         "environment": _environment_hash(),
         "host_ld_cache": _file_id(HOST_LD_CACHE),
         "driver_ld_cache": _file_id(os.path.join(cfg.driver_root, "etc", "ld.so.cache")),

@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import click
 
 from .. import log
-from ..files import file_key, process_start
+from ..files import boot_id, file_key, process_start
 from ..node import agent_state, cgroups
 from ..node.enforcement import (Container, Driver, Freeze, Kill, Policy, Record, Report, SECOND_NS, Slice,
                                 SmOver, Thaw, decide)
@@ -372,7 +372,7 @@ class Agent:
         if state is None:
             return
         self.totals = dict(state.totals)
-        if state.boot and state.boot == agent_state.boot_id():
+        if state.boot and state.boot == boot_id():
             self.records = dict(state.containers)
             self.wall = dict(state.wall)
 
@@ -517,7 +517,7 @@ class Agent:
     def write(self) -> None:
         pid = os.getpid()
         state = agent_state.AgentState(
-            pid=pid, start=process_start(pid), boot=agent_state.boot_id(), updated=time.time(),
+            pid=pid, start=process_start(pid), boot=boot_id(), updated=time.time(),
             interval_ms=self.cfg.agent_interval_ms,
             policy={"memory": self.policy.memory, "sm": self.policy.sm}, driver_error=self.driver_error,
             totals=dict(self.totals), containers=self.records,

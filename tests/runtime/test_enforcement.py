@@ -230,8 +230,8 @@ def test_state_file_round_trip(tmp_path):
                  actions={"kill": 2, "log": 1}, last_action="kill: 2 process(es)", held={GPU0: 5 * MiB},
                  excess={GPU0: MiB}, sm_use={GPU0: 12.5}, sm_excess={GPU0: 0.0})
     me = os.getpid()
-    from hami_runtime.files import process_start
-    state = agent_state.AgentState(pid=me, start=process_start(me), boot=agent_state.boot_id(), updated=1.0,
+    from hami_runtime.files import boot_id, process_start
+    state = agent_state.AgentState(pid=me, start=process_start(me), boot=boot_id(), updated=1.0,
                                    interval_ms=200, policy={"memory": "kill", "sm": "log"},
                                    totals={"kill": 4}, containers={"c@0123456789abcdef": rec},
                                    wall={"c@0123456789abcdef": 2.0})
