@@ -437,7 +437,7 @@ def transaction(state_dir: str, reconcile: bool = True) -> Iterator[State]:
         if json.dumps([state.allocations, state.invalid, state.pods], sort_keys=True) != before or \
                 state.pod_problems or not os.path.exists(os.path.join(state_dir, STATE_FILE)):
             atomic_write(os.path.join(state_dir, STATE_FILE),
-                         (json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n").encode(),
+                         (json.dumps(state.to_json(), sort_keys=True) + "\n").encode(),
                          0o644)
         for step in state.after_commit:
             step()

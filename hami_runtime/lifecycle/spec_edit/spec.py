@@ -52,4 +52,5 @@ def write(bundle: str, spec: dict) -> None:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
         mode = 0o644
-    atomic_write(path, json.dumps(spec, indent=2).encode() + b"\n", mode)
+    # compact: json's C encoder writes it; an indent takes its Python one (~5x slower)
+    atomic_write(path, json.dumps(spec).encode() + b"\n", mode)
