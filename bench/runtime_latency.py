@@ -375,8 +375,11 @@ def main() -> int:
         print(f"runtime_latency: needs root and runc ({RUNC} not found)" if os.geteuid() == 0 else
               "runtime_latency: needs root (runc makes the containers)", file=sys.stderr)
         return 1
-    if not LAUNCHER.exists() or not (ROOT / "build" / "libvgpu.so").exists():
-        print("run `make build` first (build/hami-runtime, build/libvgpu.so)", file=sys.stderr)
+    from hami_runtime.node import region
+    if not LAUNCHER.exists() or not (ROOT / "build" / "libvgpu.so").exists() or not region.prebuilt():
+        print("run `make build` first (build/hami-runtime, build/libvgpu.so, and the region layout "
+              "hami_runtime/node/_region_ffi.py made from libvgpu_src/region.h: without it each cold "
+              "create parses the header, ~30 ms)", file=sys.stderr)
         return 1
     work = Path(tempfile.mkdtemp(prefix="hami-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     s = Setup(work, phases=options.phases, real_driver=options.real_driver)

@@ -20,11 +20,12 @@ import builtins
 import mmap
 import os
 import stat
+import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from .. import installed
+from .. import installed, phases
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -114,7 +115,16 @@ def _parsed_ffi(header_text: bytes):
 def _load_ffi():
     header_text = _read(_find_header())
     prebuilt = _prebuilt_ffi(header_text)
-    return prebuilt if prebuilt is not None else _parsed_ffi(header_text)
+    if prebuilt is not None:
+        return prebuilt
+    # ~30 ms: where a create pays it (a Python of its own), its trace says so
+    phases.note("the region layout parsed from its header (no module from make build matches it)")
+    return _parsed_ffi(header_text)
+
+
+def prebuilt() -> bool:
+    """Whether the layout in use is make build's module (not the header parsed)."""
+    return ffi is getattr(sys.modules.get(FFI_MODULE), "ffi", None)
 
 
 def emit_module(out_path, header_path=None) -> None:
@@ -279,27 +289,32 @@ def limits_image(devices: Sequence[DeviceLimit], core_policy: str = "default", p
     return bytes(ffi.buffer(c))
 
 
-def region_image(created_ns: int | None = None) -> bytes:
-    """The bytes of a READY region with no process."""
+def region_image(created_ns: int | None = None, whole: bool = True) -> bytes:
+    """The bytes of a READY region with no process; not `whole`: only its header
+    (the tables after it are all zero in a new region)."""
     c = ffi.new("struct hami_region *")
     c.magic = MAGIC
     c.version = VERSION
     c.state = STATE_READY
     c.created_ns = time.time_ns() if created_ns is None else created_ns
-    return bytes(ffi.buffer(c))
+    return ffi.buffer(c)[:] if whole else ffi.buffer(c)[:ffi.offsetof("struct hami_region", "sm")]
 
 
 # ---- file edges ------------------------------------------------------------
 
-def write_new(path: str, data: bytes, mode: int) -> os.stat_result:
+def write_new(path: str, data: bytes, mode: int, size: int | None = None) -> os.stat_result:
     """Writes `data` at `path` atomically (temp file, fsync, rename); returns the new
-    file's stat (its device and inode name it from then on)."""
+    file's stat (its device and inode name it from then on). `size`: the file's,
+    zeros past `data`, allocated now (a full filesystem fails here, not a process
+    that touches them later), which costs a third of writing them."""
     from ..files import temp_beside
     fd, tmp = temp_beside(path, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
+            if size is not None:
+                os.posix_fallocate(out.fileno(), 0, size)
             os.fchmod(out.fileno(), mode)
             os.fsync(out.fileno())
             made = os.fstat(out.fileno())
@@ -326,7 +341,7 @@ def create_limits(path, devices: Sequence[DeviceLimit], core_policy: str = "defa
 
 def create_region(path) -> os.stat_result:
     """An empty region at `path`, mode 0666 (every container user maps it)."""
-    return write_new(os.fspath(path), region_image(), 0o666)
+    return write_new(os.fspath(path), region_image(whole=False), 0o666, REGION_SIZE)
 
 
 def identity(st) -> list[int]:

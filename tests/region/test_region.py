@@ -40,6 +40,11 @@ def test_region_starts_empty(tmp_path):
         assert (r.state, r.processes(region.MAX_DEVICES)) == ("ready", [])
         assert [r.used_bytes(i) for i in range(region.MAX_DEVICES)] == [0] * region.MAX_DEVICES
         assert r.created_ns > 0
+        created = r.created_ns
+    # the whole image, its tables zero and allocated on the filesystem (not a sparse tail)
+    st = os.stat(tmp_path / "vgpu.region")
+    assert (tmp_path / "vgpu.region").read_bytes() == region.region_image(created)
+    assert st.st_blocks * 512 >= region.REGION_SIZE
 
 
 def test_create_replaces_existing_limits_atomically(tmp_path):

@@ -17,13 +17,16 @@ STRUCTS = ("struct hami_region", "struct hami_device_limit", "struct hami_sm_sta
 CONSTS = ("HAMI_REGION_MAGIC", "HAMI_REGION_VERSION", "HAMI_MAX_DEVICES", "HAMI_MAX_PROCS",
           "HAMI_UUID_LEN", "HAMI_REGION_READY", "HAMI_POLICY_FORCE")
 
-# What a fresh interpreter loaded: which ffi, and whether the parser came in.
+# What a fresh interpreter loaded in a create's trace: which ffi, whether the
+# parser came in, and what the trace noted.
 PROBE = (
-    "import json, sys; from hami_runtime.node import region; "
-    "print(json.dumps({'prebuilt': type(region.ffi).__module__ == '_cffi_backend', "
+    "import json, sys; from hami_runtime import phases; trace = phases.begin(); "
+    "from hami_runtime.node import region; "
+    "print(json.dumps({'prebuilt': region.prebuilt(), "
     "'pycparser': 'pycparser' in sys.modules, 'size': region.REGION_SIZE, "
-    "'version': region.VERSION}))"
+    "'version': region.VERSION, 'notes': trace.notes}))"
 )
+PARSED_NOTE = "the region layout parsed from its header (no module from make build matches it)"
 
 
 def probe(env_extra=None):
@@ -51,7 +54,7 @@ def load_module(path):
 def test_build_writes_the_module_and_import_skips_the_parser():
     assert PREBUILT.is_file(), "run `make build` first: it writes hami_runtime/node/_region_ffi.py"
     seen = probe()
-    assert seen["prebuilt"] and not seen["pycparser"]
+    assert seen["prebuilt"] and not seen["pycparser"] and seen["notes"] == []
 
 
 def test_a_different_header_is_parsed_instead(tmp_path):
@@ -59,6 +62,7 @@ def test_a_different_header_is_parsed_instead(tmp_path):
     header.write_bytes(HEADER.read_bytes() + b"/* a later edit */\n")
     seen = probe({"HAMI_REGION_HEADER": str(header)})
     assert not seen["prebuilt"] and seen["pycparser"]
+    assert seen["notes"] == [PARSED_NOTE]  # a create's trace says where its ~30 ms went
     assert seen["size"] == probe()["size"]
 
 
