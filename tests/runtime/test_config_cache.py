@@ -521,23 +521,42 @@ def settle(config_file):
                + 0.2)
 
 
+@pytest.fixture
+def own_var_cache():
+    """A mount namespace of the test's own whose /var/cache is an empty tmpfs: the
+    node's persistent cache dir there, which another suite on this host (its stores
+    prune entries whose MAC is wrong) cannot touch. (a command prefix that runs in it,
+    the path of its /var/cache from here)"""
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               "mount -t tmpfs -o mode=0755 hami-test /var/cache && echo ready && exec sleep 600"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert holder.stdout.readline() == b"ready\n"
+        yield ["nsenter", "-t", str(holder.pid), "-m"], Path(f"/proc/{holder.pid}/root/var/cache")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
 @pytest.mark.parametrize("place", PLACES)
-def test_a_gpu_create_never_runs_a_poisoned_runtime(node, place):
+def test_a_gpu_create_never_runs_a_poisoned_runtime(node, place, own_var_cache):
     """Through the launcher with real runc and the node's own cache dirs: the
     entry's `runtime` set to a program that leaves a marker, and (persistent)
     a reboot-like empty state dir; the GPU create runs runc, never that
     program, and the runtime's log says the entry was refused."""
+    inside, var_cache = own_var_cache
     log, marker, evil = node.tmp / "hami.log", node.tmp / "marker", node.tmp / "evil-runc"
     evil.write_text(f'#!/bin/sh\ntouch {marker}\nexec {RUNC} "$@"\n')
     evil.chmod(0o755)
     node.write_config(log_file=str(log), create_server_idle_s=0)
     settle(node.config)
-    subprocess.run([sys.executable, "-c", "from hami_runtime import config; config.load()"],
+    subprocess.run(inside + [sys.executable, "-c", "from hami_runtime import config; config.load()"],
                    env=node.env, check=True, timeout=60)  # validated and kept, as a create would
     name = os.path.basename(config_cache.persistent_path(str(node.config)))
-    entry = node.state_dir / "cache" / "config.json" if place == "state dir" \
-        else Path(NODE_PERSISTENT_DIR) / name
+    assert os.path.dirname(NODE_PERSISTENT_DIR) == "/var/cache"
+    entry, logged = (node.state_dir / "cache" / "config.json",) * 2 if place == "state dir" \
+        else (var_cache / os.path.basename(NODE_PERSISTENT_DIR) / name, Path(NODE_PERSISTENT_DIR) / name)
     poisoned = json.loads(entry.read_bytes())
     poisoned["body"]["values"]["runtime"] = [str(evil)]
     entry.write_text(json.dumps(poisoned))
@@ -545,12 +564,12 @@ def test_a_gpu_create_never_runs_a_poisoned_runtime(node, place):
         shutil.rmtree(node.state_dir)
     bundle = node.bundle("gpu", {"hami.io/gpumem": "100"}, args=("true",))
     try:
-        proc = node.create("gpu", bundle, cmd=[str(LAUNCHER)])
+        proc = node.create("gpu", bundle, cmd=inside + [str(LAUNCHER)])
         assert proc.returncode == 0, proc.stderr
     finally:
-        node.runtime("delete", "-f", "gpu", cmd=[str(LAUNCHER)])
+        node.runtime("delete", "-f", "gpu", cmd=inside + [str(LAUNCHER)])
     assert not marker.exists()
-    assert f"config cache: refused {entry}: " in log.read_text()
+    assert f"config cache: refused {logged}: " in log.read_text()
     assert json.loads(entry.read_bytes())["body"]["values"]["runtime"] != [str(evil)]
 
 
