@@ -25,7 +25,7 @@ import time
 
 from .. import phases
 from ..errors import HamiError
-from ..files import atomic_write, boot_id, file_key, read_state_file, sha256_hex
+from ..files import BOOT_ID, atomic_write, boot_id, file_key, read_state_file, sha256_hex
 from ..path_trust import make_state_dir
 from . import discovery
 from .gpu import GpuInfo
@@ -34,7 +34,6 @@ CACHE_DIR = "cache"
 GPUS_FILE = "gpus.json"
 DRIVER_FILES_FILE = "driver-files.json"
 VERSION = 4
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 HOST_LD_CACHE = "/etc/ld.so.cache"
 KERNEL_GPUS = "/proc/driver/nvidia/gpus"
 KERNEL_CAPABILITIES = "/proc/driver/nvidia/capabilities"  # gpu<minor>/mig/gi<id>/ci<id>
