@@ -12,6 +12,7 @@ cache entry that cannot be trusted is refused with a line in the runtime's log.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -70,12 +71,20 @@ def _file_field() -> str:
     return "HAMI_CONFIG" if os.environ.get("HAMI_CONFIG") else "config file"
 
 
-def load(path: str | None = None, keep: bool = True) -> Config:
+# The config the create server loaded, for its children: (its path, its bytes,
+# the model file's key) and its values as JSON (each load gets its own copy).
+_remembered: tuple | None = None
+
+
+def load(path: str | None = None, keep: bool = True, remember: bool = False) -> Config:
     """Read the config; a missing default file means the defaults, a missing
     HAMI_CONFIG file is an error (the operator named it). The validated values
     come from config_cache while the file and the model are the ones they were
     validated from; they are kept there where `keep` (not for the read-only
-    tools, which create nothing: config_cache.lookup)."""
+    tools, which create nothing: config_cache.lookup). `remember` (the create
+    server): this process and the children it forks take the values again
+    without the cache while the file's bytes and the model are these."""
+    global _remembered
     path = path or config_path()
     try:
         with open(path, "rb") as handle:
@@ -89,13 +98,25 @@ def load(path: str | None = None, keep: bool = True) -> Config:
         raise HamiError(_file_field(), path, "config file not found") from None
     except OSError as exc:
         raise HamiError(_file_field(), path, f"cannot read config file: {exc.strerror}") from None
+    same = (path, text, _model_key())
+    if _remembered is not None and _remembered[0] == same:
+        return Config.from_values(json.loads(_remembered[1]))
     key = config_cache.file_key(path, before)
     # unchanged while read, and not written in the last seconds (a rewrite in
     # the same clock tick would keep every time in the key)
     steady = key == config_cache.file_key(path, after) and \
         time.time_ns() - after.st_ctime_ns > config_cache.SETTLED_NS
-    return _validated(text, path, path, config_cache.state_dir_hint(text) if steady else "", key,
-                      keep)
+    cfg = _validated(text, path, path, config_cache.state_dir_hint(text) if steady else "", key, keep)
+    if remember:
+        _remembered = same, json.dumps(cfg._values)
+    return cfg
+
+
+def _model_key():
+    try:
+        return config_cache.file_key(MODEL_FILE, os.stat(MODEL_FILE))
+    except OSError:
+        return None
 
 
 def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: list,
@@ -103,10 +124,8 @@ def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: lis
     """The values of a TOML config (b"": the defaults, none at `looked_for`),
     from the cache in `hint` (the state dir the file names) or the persistent
     one for `looked_for` where they are there."""
-    try:
-        key = [file_key, config_cache.file_key(MODEL_FILE, os.stat(MODEL_FILE))]
-    except OSError:
-        key, hint = None, ""
+    model_key = _model_key()
+    key, hint = ([file_key, model_key], hint) if model_key is not None else (None, "")
     values, refusals = config_cache.lookup(hint, key, looked_for, text, keep)
     if values is not None and values.get("state_dir") == hint:
         return _logged(Config.from_values({**values, "path": path}), refusals)

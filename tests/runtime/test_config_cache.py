@@ -76,6 +76,25 @@ def test_second_load_reads_no_toml(tmp_path, monkeypatch, settled):
     assert first.split_count == 4 and first.extra_env == {"A": "b"}
 
 
+def test_the_create_servers_config_is_taken_again_while_its_bytes_stay(tmp_path, monkeypatch, settled):
+    """What the create server loaded (remember=True) its children take again without
+    the cache or the model, as long as the file's bytes are the same; an edit goes
+    the usual way."""
+    monkeypatch.setattr(config, "_remembered", None)  # this test's own, gone after it
+    path, _ = write_config(tmp_path, 'split_count = 4\n[extra_env]\nA = "b"\n')
+    served = config.load(str(path), remember=True)
+    looked_up = []
+    real_lookup = config_cache.lookup
+    monkeypatch.setattr(config_cache, "lookup", lambda *a: looked_up.append(a) or real_lookup(*a))
+    no_toml(monkeypatch)
+    again = config.load(str(path))
+    assert again == served and again is not served and again.path == str(path) and not looked_up
+    path.write_text(path.read_text().replace("split_count = 4", "split_count = 2"))
+    with pytest.raises(ImportError):  # the edit is validated again: the model cannot be imported here
+        config.load(str(path))
+    assert looked_up
+
+
 def test_an_edited_file_is_parsed_again(tmp_path, settled):
     path, _ = write_config(tmp_path, "split_count = 4\n")
     assert config.load(str(path)).split_count == 4

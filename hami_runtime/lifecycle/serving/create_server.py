@@ -91,7 +91,7 @@ def lock_path(state_dir: str) -> str:
 def serve() -> int:
     from ... import config
     try:
-        cfg = config.load()
+        cfg = config.load(remember=True)  # its children's, while the file stays as it is
     except Exception:  # the create that needs it reports it
         return 1
     if not cfg.create_server_idle_s or not _holds_lock(cfg.state_dir):
