@@ -57,6 +57,14 @@ def alone(work: Path, pct: int, kernel_us: int, seconds: int, libvgpu: Path = LI
     return finish(start(work, "alone", pct, "force", kernel_us, seconds, libvgpu=libvgpu))
 
 
+def throttled_s(work: Path, name: str) -> float:
+    """How long container `name`'s launches waited for its share (its region's count)."""
+    sys.path.insert(0, str(ROOT))
+    from hami_runtime.node import region
+    with region.open(work / f"{name}.region") as r:
+        return r.sm_times(0).throttled_ns / 1e9
+
+
 def pair_split(work: Path, policy: str, kernel_us: int, seconds: int, shares=(30, 70),
                libvgpu: Path = LIBVGPU, nvml_period_ms: int = 0) -> float:
     """Two containers on one board, the same fixed-work kernel in the same window (as tests/gpu

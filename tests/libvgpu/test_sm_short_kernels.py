@@ -25,6 +25,10 @@ import sim_probe  # noqa: E402
 
 SECONDS = 3
 POINTS = 4.0
+# Below this the share held a process back for less than a sixth of its run: what kept it short
+# of the share was the CPU (a loaded machine starves the launching loop of 10 us kernels), not
+# the limiter. Held to its share, it waits 1.7-2.1 s of a 3 s run; starved, 0.1-0.3 s.
+STARVED_HELD_S = 0.5
 
 
 @pytest.mark.timeout(120)
@@ -33,8 +37,11 @@ POINTS = 4.0
 def test_force_share_of_short_kernels_is_gpu_time(tmp_path, kernel_us, pct):
     got = sim_probe.alone(tmp_path, pct, kernel_us, SECONDS)
     assert got["clock"] == "nominal"
-    assert abs(got["busy_pct"] - pct) <= POINTS, got
-    assert abs(got["per_second_pct"][0] - pct) <= 2 * POINTS, got["per_second_pct"]   # the first second too
+    first_second = got["per_second_pct"][0]
+    assert got["busy_pct"] <= pct + POINTS and first_second <= pct + 2 * POINTS, got
+    if got["busy_pct"] < pct - POINTS or first_second < pct - 2 * POINTS:  # the first second too
+        held = sim_probe.throttled_s(tmp_path, "alone")
+        assert held < STARVED_HELD_S, f"short of its share though held back {held:.2f} s: {got}"
 
 
 @pytest.mark.timeout(120)
