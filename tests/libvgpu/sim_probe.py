@@ -59,7 +59,6 @@ def alone(work: Path, pct: int, kernel_us: int, seconds: int, libvgpu: Path = LI
 
 def throttled_s(work: Path, name: str) -> float:
     """How long container `name`'s launches waited for its share (its region's count)."""
-    sys.path.insert(0, str(ROOT))
     from hami_runtime.node import region
     with region.open(work / f"{name}.region") as r:
         return r.sm_times(0).throttled_ns / 1e9
