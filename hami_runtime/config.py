@@ -86,6 +86,7 @@ def load(path: str | None = None, keep: bool = True, remember: bool = False) -> 
     without the cache while the file's bytes and the model are these."""
     global _remembered
     path = path or config_path()
+    model_key = _model_key()
     try:
         with open(path, "rb") as handle:
             before = os.fstat(handle.fileno())
@@ -94,11 +95,11 @@ def load(path: str | None = None, keep: bool = True, remember: bool = False) -> 
     except FileNotFoundError:
         if path == DEFAULT_PATH and "HAMI_CONFIG" not in os.environ:
             return _validated(b"", "", path, config_cache.DEFAULT_STATE_DIR,
-                              [config_cache.NO_CONFIG_FILE, path], keep)
+                              [config_cache.NO_CONFIG_FILE, path], model_key, keep)
         raise HamiError(_file_field(), path, "config file not found") from None
     except OSError as exc:
         raise HamiError(_file_field(), path, f"cannot read config file: {exc.strerror}") from None
-    same = (path, text, _model_key())
+    same = (path, text, model_key)
     if _remembered is not None and _remembered[0] == same:
         return Config.from_values(json.loads(_remembered[1]))
     key = config_cache.file_key(path, before)
@@ -106,7 +107,8 @@ def load(path: str | None = None, keep: bool = True, remember: bool = False) -> 
     # the same clock tick would keep every time in the key)
     steady = key == config_cache.file_key(path, after) and \
         time.time_ns() - after.st_ctime_ns > config_cache.SETTLED_NS
-    cfg = _validated(text, path, path, config_cache.state_dir_hint(text) if steady else "", key, keep)
+    cfg = _validated(text, path, path, config_cache.state_dir_hint(text) if steady else "", key, model_key,
+                     keep)
     if remember:
         _remembered = same, json.dumps(cfg._values)
     return cfg
@@ -119,12 +121,11 @@ def _model_key():
         return None
 
 
-def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: list,
+def _validated(text: bytes, path: str, looked_for: str, hint: str, file_key: list, model_key,
                keep: bool = True) -> Config:
     """The values of a TOML config (b"": the defaults, none at `looked_for`),
     from the cache in `hint` (the state dir the file names) or the persistent
-    one for `looked_for` where they are there."""
-    model_key = _model_key()
+    one for `looked_for` where they are there (`model_key`: _model_key's)."""
     key, hint = ([file_key, model_key], hint) if model_key is not None else (None, "")
     values, refusals = config_cache.lookup(hint, key, looked_for, text, keep)
     if values is not None and values.get("state_dir") == hint:
