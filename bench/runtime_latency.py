@@ -1,6 +1,6 @@
 """Added latency of hami-runtime against runc, side by side in one run.
 
-  .venv/bin/python bench/runtime_latency.py [--iterations N] [--phases] [--real-driver]
+  .venv/bin/python bench/runtime_latency.py [--iterations N] [--phases] [--real-driver | --slow-nvml]
 
 Runs on the simulated GPU (build/sim/hami.toml, state in a temp dir) with a
 busybox bundle whose command is `true` and a private runc --root. Three
@@ -47,6 +47,10 @@ phases (hami_runtime/phases.py); a table of each phase's median per row, and
 what follows the trace (the launcher's exec of runc, runc's create and the
 createRuntime hook: the create's wall time less the traced total) against
 runc's own create.
+--slow-nvml: the simulated NVML as slow as an H200 node's (SLOW_NVML: its
+first nvmlInit and first device handle, measured there on 2026-11-28 by
+bench/gpu/init_costs.py and a cold create's trace), so that a cold create
+waits for NVML as a node's does.
 --real-driver: the node's own NVIDIA driver instead of the simulator (driver
 files from the host's ld cache, NVML through the loader, /dev, /proc/devices;
 libvgpu from build/), and a rootfs holding the host's dynamically linked
@@ -136,8 +140,13 @@ def real_driver_config(work: Path) -> Path:
     return config
 
 
+# tests/simgpu/README.md's keys, µs: the H200's nvmlInit (10.0 ms alone, 11.2 in a cold create)
+# and its first device access (6.2 ms)
+SLOW_NVML = {"nvml_init_us": 11000, "nvml_attach_us": 6000}
+
+
 class Setup:
-    def __init__(self, work: Path, phases=False, real_driver=False):
+    def __init__(self, work: Path, phases=False, real_driver=False, slow_nvml=False):
         self.work = work
         self.root = work / "runc-root"
         self.rootfs = work / "rootfs"
@@ -165,6 +174,9 @@ class Setup:
                 f'"{ROOT / "build" / "sim" / "shared"}"', f'"{work / "simstate"}"'))
             self.env = {**os.environ, "HAMI_CONFIG": str(config),
                         "HAMI_SIM_STATE": str(work / "simstate" / "gpu.state")}
+            if slow_nvml:
+                (work / "sim.conf").write_text("".join(f"{k} = {v}\n" for k, v in SLOW_NVML.items()))
+                self.env["HAMI_SIM_CONFIG"] = str(work / "sim.conf")
         if phases:  # top-level keys, ahead of any table
             config.write_text(f'log_level = "debug"\nlog_file = "{self.log}"\n' + config.read_text())
         self.env.pop("HAMI_LAUNCHER", None)
@@ -364,6 +376,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--phases", action="store_true", help="each GPU create's phases, from the runtime's debug log")
     parser.add_argument("--real-driver", action="store_true", help="the node's NVIDIA driver, not the simulator")
+    parser.add_argument("--slow-nvml", action="store_true", help="the simulated NVML as slow as an H200 node's")
     options = parser.parse_args()
     n = options.iterations
     if not options.real_driver and sim_config_missing():
@@ -382,7 +395,9 @@ def main() -> int:
               "create parses the header, ~30 ms)", file=sys.stderr)
         return 1
     work = Path(tempfile.mkdtemp(prefix="hami-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-    s = Setup(work, phases=options.phases, real_driver=options.real_driver)
+    if options.real_driver and options.slow_nvml:
+        parser.error("--slow-nvml is the simulator's; --real-driver has the node's own NVML")
+    s = Setup(work, phases=options.phases, real_driver=options.real_driver, slow_nvml=options.slow_nvml)
     env = s.env
     hami = [str(LAUNCHER)]
     plain = s.bundle("plain")
@@ -459,7 +474,8 @@ def main() -> int:
             alone[0].append(timed(["/bin/true"] + s.g("create", "--bundle", str(plain), "t"), true_env))
             alone[1].append(timed(hami + s.g("create", "--bundle", str(plain), "t"), true_env))
         load_after = os.getloadavg()
-        driver = "the node's NVIDIA driver" if options.real_driver else "the simulated GPU"
+        driver = ("the node's NVIDIA driver" if options.real_driver else
+                  "the simulated GPU" + (f" (its NVML as slow as an H200 node's: {SLOW_NVML})" if options.slow_nvml else ""))
         print(f"runtime latency on {driver}, {n} iterations, kinds in turn within each, the first changing with each "
               f"(runc; hami-runtime "
               f"{os.path.relpath(LAUNCHER, ROOT)}, no request; the same, GPU request); {os.cpu_count()} CPUs; "

@@ -59,11 +59,7 @@ static CUresult ctx_start(struct sim_ctx *c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (sim_charge(c->dev, bytes - inner) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t setup_us = sim_config()->context_us;
-    if (setup_us) {
-        struct timespec ts = {(time_t)(setup_us / 1000000), (long)(setup_us % 1000000) * 1000};
-        nanosleep(&ts, NULL);
-    }
+    sim_sleep_us(sim_config()->context_us);
     sim_context_count(c->dev, 1);
     c->null_stream = sim_stream_new(c, 0);
     c->active = 1;

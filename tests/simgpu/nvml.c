@@ -13,6 +13,7 @@ struct nvml_mig { int instance; };       /* sim_config()->mig_instance[instance]
 static struct nvml_mig mig_handles[SIM_MAX_MIG];
 static int init_count;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 
 #define NVML_VALUE_NOT_AVAILABLE 0xFFFFFFFFu
 
@@ -23,6 +24,8 @@ static nvmlReturn_t init(void)
     if (!sim_state())
         return NVML_ERROR_UNKNOWN;
     pthread_mutex_lock(&init_lock);
+    if (init_count == 0)
+        sim_sleep_us(sim_config()->nvml_init_us);  /* under the lock: the others wait for it */
     for (int i = 0; i < SIM_MAX_DEVICES; i++)
         devices[i].index = i;
     for (int i = 0; i < SIM_MAX_MIG; i++)
@@ -66,6 +69,16 @@ const char *nvmlErrorString(nvmlReturn_t result)
 static int initialised(void) { return __atomic_load_n(&init_count, __ATOMIC_ACQUIRE) > 0; }
 
 #define REQUIRE_INIT() do { if (!initialised()) return NVML_ERROR_UNINITIALIZED; } while (0)
+
+/* `nvml_attach_us`: a process's first device handle, which a real driver makes its
+ * first access to the GPU (its other callers wait for it). */
+static void attach(void) { sim_sleep_us(sim_config()->nvml_attach_us); }
+static nvmlReturn_t handed(nvmlDevice_t *device, int index)
+{
+    pthread_once(&attach_once, attach);
+    *device = (nvmlDevice_t)&devices[index];
+    return NVML_SUCCESS;
+}
 
 /* The device index behind a handle, or -1 when the handle is not one of ours. */
 static int device_of(nvmlDevice_t handle)
@@ -136,8 +149,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     REQUIRE_INIT();
     if (!device || index >= (unsigned)sim_config()->visible)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *device = (nvmlDevice_t)&devices[index];
-    return NVML_SUCCESS;
+    return handed(device, (int)index);
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
@@ -153,10 +165,8 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
     for (int i = 0; i < sim_config()->visible; i++) {
         char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
         sim_device_uuid_string(i, text, sizeof text);
-        if (!strcmp(text, uuid)) {
-            *device = (nvmlDevice_t)&devices[i];
-            return NVML_SUCCESS;
-        }
+        if (!strcmp(text, uuid))
+            return handed(device, i);
     }
     return NVML_ERROR_NOT_FOUND;
 }
@@ -172,10 +182,8 @@ nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t
          (domain = 0, sscanf(pciBusId, "%x:%x.%x%c", &bus, &slot, &function, &end) != 3)))
         return NVML_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < sim_config()->visible; i++)
-        if (domain == 0 && bus == (unsigned)sim_device_pci_bus(i) && slot == 0 && function == 0) {
-            *device = (nvmlDevice_t)&devices[i];
-            return NVML_SUCCESS;
-        }
+        if (domain == 0 && bus == (unsigned)sim_device_pci_bus(i) && slot == 0 && function == 0)
+            return handed(device, i);
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -287,13 +295,7 @@ static nvmlReturn_t memory_of_handle(nvmlDevice_t device, uint64_t *total, uint6
 }
 
 /* `nvml_memory_info_us`: the memory query of a driver that is slow or hangs. */
-static void memory_info_delay(void)
-{
-    uint64_t us = sim_config()->nvml_memory_info_us;
-    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
-    while (us && nanosleep(&ts, &ts) != 0)
-        ;
-}
+static void memory_info_delay(void) { sim_sleep_us(sim_config()->nvml_memory_info_us); }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {

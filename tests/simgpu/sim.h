@@ -59,6 +59,8 @@ struct sim_config {
     uint64_t util_period_ms;             /* NVML's per-process utilisation sample period */
     uint64_t context_us;                 /* how long making a context takes (its memory is taken first) */
     uint64_t nvml_memory_info_us;        /* how long nvmlDeviceGetMemoryInfo takes (a slow or hung driver) */
+    uint64_t nvml_init_us;               /* how long a process's first nvmlInit takes */
+    uint64_t nvml_attach_us;             /* how long a process's first device handle takes */
     int self_calls;                      /* 1: entry points call each other through their exported names */
     uint64_t host_memory_mib;            /* host memory managed allocations may take, machine-wide */
     int brand;                           /* nvmlDeviceGetBrand's nvmlBrandType_t */
@@ -143,6 +145,7 @@ struct sim_state {
 struct sim_state *sim_state(void);
 uint64_t sim_now_ns(void);              /* CLOCK_MONOTONIC */
 void sim_spin_us(uint64_t us);          /* keeps the CPU busy that long, as a driver's call does */
+void sim_sleep_us(uint64_t us);         /* waits that long, signals or not, as a call waiting on the kernel does */
 /* The start of a /proc file, NUL-terminated, in one read; -1 when it cannot be read. */
 int sim_read_proc(const char *path, char *buf, size_t size);
 /* Charge `bytes` of device memory to this process; 0, or -1 when the device is full. */

@@ -59,6 +59,8 @@ static int copy_text(const char *text, char *out, size_t size)
     X(util_period_ms, 1, 1000)                                                                      \
     X(context_us, 0, 60000000)                                                                      \
     X(nvml_memory_info_us, 0, 600000000)                                                            \
+    X(nvml_init_us, 0, 60000000)                                                                    \
+    X(nvml_attach_us, 0, 60000000)                                                                  \
     X(self_calls, 0, 1)                                                                             \
     X(host_memory_mib, 0, 1ULL << 30)                                                               \
     X(brand, 0, 16)

@@ -70,6 +70,13 @@ void sim_spin_us(uint64_t us)
         ;
 }
 
+void sim_sleep_us(uint64_t us)
+{
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    while (us && nanosleep(&ts, &ts) != 0)
+        ;
+}
+
 int sim_read_proc(const char *path, char *buf, size_t size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

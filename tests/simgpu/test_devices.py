@@ -138,3 +138,31 @@ def test_foreign_state_files(run_py, sim_env, tmp_path, content, rc, message):
     (tmp_path / "sim.state").write_bytes(content)
     proc = run_py("print(Cuda().rc('cuInit', 0))", check=False)
     assert proc.stdout.strip() == rc and message in proc.stderr
+
+
+def test_nvml_start_costs_what_the_config_says(run_py, sim_env, tmp_path):
+    """nvml_init_us: an init that finds NVML not in force; nvml_attach_us: the process's
+    first device handle, which a second thread asking at once waits for too."""
+    (tmp_path / "sim.conf").write_text("nvml_init_us = 150000\nnvml_attach_us = 100000\n")
+    out = run_py("""
+        import threading
+        n = ctypes.CDLL("libnvidia-ml.so.1")
+        def timed(call, *args):
+            t = time.monotonic(); assert call(*args) == 0; return time.monotonic() - t
+        first, again = timed(n.nvmlInit_v2), timed(n.nvmlInit_v2)
+        handles = [ctypes.c_void_p() for _ in range(3)]
+        waits = [0.0, 0.0]
+        def get(i):
+            waits[i] = timed(n.nvmlDeviceGetHandleByIndex_v2, i, ctypes.byref(handles[i]))
+        threads = [threading.Thread(target=get, args=(i,)) for i in range(2)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        later = timed(n.nvmlDeviceGetHandleByUUID, b"nonexistent", ctypes.byref(handles[2])) if False else \\
+            timed(n.nvmlDeviceGetHandleByIndex_v2, 0, ctypes.byref(handles[2]))
+        for _ in range(2): n.nvmlShutdown()
+        restarted = timed(n.nvmlInit_v2)
+        print(first, again, *waits, later, restarted)
+    """, env=dict(sim_env, HAMI_SIM_CONFIG=str(tmp_path / "sim.conf")))
+    first, again, wait0, wait1, later, restarted = map(float, out.split())
+    assert first >= 0.15 and again < 0.05 and restarted >= 0.15
+    assert min(wait0, wait1) >= 0.1 and later < 0.05
