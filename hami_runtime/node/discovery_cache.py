@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 
 from .. import phases
@@ -203,6 +204,18 @@ def _miss(cached: dict | None, key: dict | None) -> str:
 
 def gpus(cfg) -> list[GpuInfo]:
     """discovery.load_gpus, from the cache while its key holds."""
+    with gpus_beside(cfg) as found:
+        return found()
+
+
+@contextlib.contextmanager
+def gpus_beside(cfg):
+    """gpus(cfg) while the caller goes on: yields a function that returns them.
+    From the cache they are there at once; on a miss NVML runs on a thread of
+    its own, whose calls into the driver (its load, init and first device access:
+    tens of ms on a node) leave the interpreter to the caller, which has that
+    long for its own work. The thread is joined by that function, or when the
+    block ends however it ends."""
     cached, now = _read(_path(cfg, GPUS_FILE)), None
     if cached is not None:
         nvml_file = cached["key"].get("nvml_file")
@@ -212,10 +225,38 @@ def gpus(cfg) -> list[GpuInfo]:
                 found = _gpus_from(cached.get("value"))
                 if found is not None:
                     phases.note("GPUs from the discovery cache")
-                    return found
+                    yield lambda: found
+                    return
     # The key is taken before discovery: a change while it runs is a later miss.
     key = gpus_key(cfg, cfg.nvml_library)
     phases.note(f"GPUs discovered through NVML (discovery cache: {_miss(cached, now)})")
+    importing = time.monotonic_ns()
+    # Imported here: an import is the interpreter's work, which on the thread would
+    # only take turns with the caller's; the driver's part is what runs beside it.
+    import pynvml  # noqa: F401
+    phases.note(f"pynvml imported in {phases.since_ms(importing):.2f}ms")
+    outcome = []
+
+    def discover():
+        try:
+            outcome.append(_discovered(cfg, key))
+        except BaseException as exc:  # handed to the caller, raised there
+            outcome.append(exc)
+    thread = threading.Thread(target=discover, name="hami-nvml")
+
+    def found() -> list[GpuInfo]:
+        thread.join()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+    thread.start()
+    try:
+        yield found
+    finally:
+        thread.join()
+
+
+def _discovered(cfg, key: dict) -> list[GpuInfo]:
     found = discovery.load_gpus(cfg.nvml_library)
     if not cfg.nvml_library:
         loaded = _loaded_nvml()  # known only now; the ld caches above pin the choice

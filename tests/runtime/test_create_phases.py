@@ -14,8 +14,8 @@ from .test_create_server import answering, configure, create, no_requests_in_fli
 
 GPU = {"hami.io/gpumem": "100", "hami.io/gpucores": "30"}
 # what a create that allocates does, in order (lifecycle/serving/command.py, create.py)
-PYTHON_PHASES = ["config", "spec_read", "request", "checks", "gpus", "majors", "driver_files", "allocation",
-                 "host_files", "injection", "spec_edit", "spec_write", "log"]
+PYTHON_PHASES = ["config", "spec_read", "request", "gpus", "checks", "majors", "driver_files", "gpus_waited",
+                 "allocation", "host_files", "injection", "spec_edit", "spec_write", "log"]
 LINE = re.compile(r" debug pid=\d+ create (\S+) phases: (.*) total=([\d.]+)ms(.*)$")
 needs_launcher = pytest.mark.skipif(not LAUNCHER.exists(), reason="make build builds the launcher")
 

@@ -163,3 +163,57 @@ def test_a_device_node_that_comes_or_goes_discovers_again(node):
     assert not probe(node)["nvml"]
     (dev / "nvidia7").unlink()
     assert probe(node)["nvml"]
+
+
+# The caller's side of gpus_beside on a miss, NVML's init made slow (the simulator's nvml_init_us).
+BESIDE = r"""
+import json, os, sys, threading, time
+from hami_runtime import config
+from hami_runtime.node import discovery_cache
+cfg = config.load()
+entered = time.monotonic()
+said = {}
+try:
+    with discovery_cache.gpus_beside(cfg) as found:
+        sum(range(100000))  # the caller's own work, while NVML starts
+        said["worked_s"] = time.monotonic() - entered
+        if os.environ.get("PROBE_RAISE"):
+            raise ValueError("the caller's own error")
+        said["gpus"] = len(found())
+        said["found_s"] = time.monotonic() - entered
+except Exception as exc:
+    said["raised"] = f"{type(exc).__name__}: {exc}"
+said["threads_left"] = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+print(json.dumps(said))
+"""
+
+
+def beside(node, **env):
+    proc = subprocess.run([sys.executable, "-c", BESIDE], capture_output=True, text=True,
+                          env={**node.env, **env}, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_miss_leaves_the_caller_its_work_while_nvml_starts(node):
+    node.simulate(nvml_init_us=2000000)
+    said = beside(node)
+    assert said["worked_s"] < 1.0 <= 2.0 <= said["found_s"], said  # the work ran within NVML's init
+    assert said["gpus"] == 2 and said["threads_left"] == []
+    assert cache_file(node).exists()
+    node.simulate()  # the same machine, NVML quick again: the entry holds
+    assert beside(node)["found_s"] < 1.0
+
+
+@pytest.mark.parametrize("keys, env, raised", [
+    ({"nvml_library": "/nonexistent/libnvidia-ml.so.1"}, {}, "HamiError: config nvml_library"),
+    ({}, {"PROBE_RAISE": "1"}, "ValueError: the caller's own error"),
+])
+def test_what_goes_wrong_beside_nvml_is_raised_and_no_thread_is_left(node, keys, env, raised):
+    """NVML's failure is raised where the caller asks for the GPUs; the caller's own error
+    ends the block, which waits for NVML (no thread outlives it)."""
+    node.simulate(nvml_init_us=300000)
+    node.write_config(**keys)
+    said = beside(node, **env)
+    assert said["raised"].startswith(raised), said
+    assert said["threads_left"] == [] and "gpus" not in said

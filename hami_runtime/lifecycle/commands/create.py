@@ -383,29 +383,39 @@ class Held(NamedTuple):
 
 def _allocation(cfg: Config, cid: str, inv, spec: dict, asked: Asked, pid: int) -> Held:
     """Refused before anything is allocated: what could lift the slice, a missing
-    libvgpu, a rootfs the runtime cannot hold. Then the node's GPUs and driver files,
-    and the allocation, under the state's lock."""
+    libvgpu, a rootfs the runtime cannot hold. Then the node's GPUs (NVML's start,
+    where the discovery cache misses, beside the rest) and driver files, and the
+    allocation, under the state's lock."""
     import time
-    from ..node_state import state_layout, store
-    from ..request import pod_requests, requests, requirements
-    from ..spec_edit import rootfs
-    from ...files import process_start
-    from ...node import discovery_cache, driver_capabilities
+    from ..node_state import state_layout
+    from ...node import discovery_cache
     check_escapes(cfg, spec)
     if not os.path.isfile(cfg.libvgpu):
         raise HamiError("config libvgpu", cfg.libvgpu, "file not found")
-    image = rootfs.image(inv.bundle, spec)  # refused before anything is allocated
     state_layout.make_state_dir(cfg.state_dir)  # before its caches are read
-    phases.mark("checks")
-    gpus = discovery_cache.gpus(cfg)
-    phases.mark("gpus")
-    majors = device_majors(cfg)
-    phases.mark("majors")
-    env = requests.env_map(asked.env)
-    capabilities = driver_capabilities.parse(env.get(driver_capabilities.VARIABLE))
-    driver_files = distinct_files(driver_capabilities.chosen(discovery_cache.driver_files(cfg), capabilities))
-    phases.mark("driver_files")
-    phases.note(f"{len(driver_files)} driver files mounted")
+    # Where the discovery cache misses, NVML starts now and runs beside the rest of the block.
+    with discovery_cache.gpus_beside(cfg) as node_gpus:
+        phases.mark("gpus")
+        from ..node_state import store
+        from ..request import pod_requests, requests, requirements
+        from ..spec_edit import rootfs
+        from ...files import process_start
+        from ...node import driver_capabilities
+        # Used later (the allocation, the host files) but imported here: a cold create
+        # imports them while NVML runs.
+        from ..node_state import allocator, boards, container_files  # noqa: F401
+        from ...node import region  # noqa: F401
+        image = rootfs.image(inv.bundle, spec)  # refused before anything is allocated
+        phases.mark("checks")
+        majors = device_majors(cfg)
+        phases.mark("majors")
+        env = requests.env_map(asked.env)
+        capabilities = driver_capabilities.parse(env.get(driver_capabilities.VARIABLE))
+        driver_files = distinct_files(driver_capabilities.chosen(discovery_cache.driver_files(cfg), capabilities))
+        phases.mark("driver_files")
+        phases.note(f"{len(driver_files)} driver files mounted")
+        gpus = node_gpus()
+        phases.mark("gpus_waited")
     name = state_layout.alloc_name(inv.root, cid)
     creator = {"pid": pid, "start": process_start(pid)}
     member, plan = asked.member, asked.plan

@@ -19,8 +19,9 @@ def warm_up() -> int:
     try:
         cfg = config.load()
         from ...node import discovery_cache
-        discovery_cache.gpus(cfg)
-        discovery_cache.driver_files(cfg)
+        with discovery_cache.gpus_beside(cfg) as gpus:
+            discovery_cache.driver_files(cfg)
+            gpus()
     except Exception:  # the create that needs them reports it
         return 1
     return 0
