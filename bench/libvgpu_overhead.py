@@ -12,7 +12,11 @@ as the runtime makes them, a neighbour's entry on the activity board,
 scripts/runtime-made.sh: needs root); and, with --baseline, another build of
 libvgpu in bare use (e.g. the tree before a change).
 
-    python bench/libvgpu_overhead.py [--calls N] [--repeats R] [--procs P] [--baseline LIBVGPU]
+With --slow-nvml the simulated NVML is as slow to start as an H200 node's
+(sim_runtime.SLOW_NVML), for every setup: libvgpu's NVML calls at a process's
+first context then cost what they cost there.
+
+    python bench/libvgpu_overhead.py [--calls N] [--repeats R] [--procs P] [--baseline LIBVGPU] [--slow-nvml]
 """
 import argparse
 import os
@@ -23,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sim_runtime import SLOW_NVML, slow_nvml_env
 from stats import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,12 +45,14 @@ STAMP_BYTES = 64  # libvgpu_src/activity.h
 class Setup:
     """How the helper runs: its env and the argv in front of it."""
 
-    def __init__(self, label, tmp: Path, libvgpu=None, runtime_made=False):
+    def __init__(self, label, tmp: Path, libvgpu=None, runtime_made=False, slow_nvml=False):
         self.label = label
         work = tmp / label.replace(" ", "-").replace(",", "")
         work.mkdir()
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH": str(SIM_LIB),
                     "HAMI_SIM_STATE": str(work / "sim.state")}
+        if slow_nvml:
+            self.env.update(slow_nvml_env(work))
         self.prefix = []
         if libvgpu:
             self.env["LD_PRELOAD"] = str(libvgpu)
@@ -105,16 +112,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--procs", type=int, default=100)
     parser.add_argument("--baseline", type=Path, help="another libvgpu.so, measured in bare use beside this one")
+    parser.add_argument("--slow-nvml", action="store_true", help="the simulated NVML as slow as an H200 node's")
     args = parser.parse_args()
     subprocess.run(["make", "-s", "-C", str(ROOT), "build", "sim", "libvgpu-bench"], check=True,
                    timeout=600)
     metrics = ["alloc_ns", "free_ns", "launch_ns", "getinfo_ns"]
     with tempfile.TemporaryDirectory(prefix="hami-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        setups = [Setup("driver alone", tmp)]
+        slow = args.slow_nvml
+        setups = [Setup("driver alone", tmp, slow_nvml=slow)]
         if args.baseline:
-            setups.append(Setup("baseline libvgpu, bare", tmp, args.baseline))
-        setups += [Setup("libvgpu, bare", tmp, LIBVGPU), Setup("libvgpu, runtime-made", tmp, LIBVGPU, True)]
+            setups.append(Setup("baseline libvgpu, bare", tmp, args.baseline, slow_nvml=slow))
+        setups += [Setup("libvgpu, bare", tmp, LIBVGPU, slow_nvml=slow),
+                   Setup("libvgpu, runtime-made", tmp, LIBVGPU, True, slow_nvml=slow)]
         samples = {s.label: {m: [] for m in metrics + ["init_ns"]} for s in setups}
         for _ in range(args.repeats):
             for setup in setups:
@@ -128,8 +138,8 @@ def main() -> int:
     names = {"alloc_ns": "cuMemAlloc_v2 (4 KiB)", "free_ns": "cuMemFree_v2",
              "launch_ns": "cuLaunchKernel (zero-length)", "getinfo_ns": "cuMemGetInfo_v2"}
     labels = [s.label for s in setups]
-    print(f"Simulated driver, {args.calls} calls x {args.repeats} interleaved runs, median; "
-          f"in brackets, added to the driver alone.\n")
+    print(f"Simulated driver{f' (its NVML as slow to start as an H200 node: {SLOW_NVML})' if slow else ''}, "
+          f"{args.calls} calls x {args.repeats} interleaved runs, median; in brackets, added to the driver alone.\n")
     print("| call (ns) | " + " | ".join(labels) + " |")
     print("| --- |" + " ---: |" * len(labels))
     median = {label: {m: statistics.median(v) for m, v in samples[label].items()} for label in labels}

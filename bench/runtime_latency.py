@@ -47,10 +47,9 @@ phases (hami_runtime/phases.py); a table of each phase's median per row, and
 what follows the trace (the launcher's exec of runc, runc's create and the
 createRuntime hook: the create's wall time less the traced total) against
 runc's own create.
---slow-nvml: the simulated NVML as slow as an H200 node's (SLOW_NVML: its
-first nvmlInit and first device handle, measured there on 2026-11-28 by
-bench/gpu/init_costs.py and a cold create's trace), so that a cold create
-waits for NVML as a node's does.
+--slow-nvml: the simulated NVML as slow as an H200 node's (sim_runtime.SLOW_NVML:
+its first nvmlInit and first device handle), so that a cold create waits for
+NVML as a node's does.
 --real-driver: the node's own NVIDIA driver instead of the simulator (driver
 files from the host's ld cache, NVML through the loader, /dev, /proc/devices;
 libvgpu from build/), and a rootfs holding the host's dynamically linked
@@ -72,7 +71,7 @@ import threading
 import time
 from pathlib import Path
 
-from sim_runtime import ROOT, SIM_CONFIG, private_config, sim_config_missing
+from sim_runtime import ROOT, SLOW_NVML, private_config, sim_config_missing, slow_nvml_env
 
 sys.path.insert(0, str(ROOT))
 from tests.conftest import is_spare, processes_with_env, serving_children  # noqa: E402
@@ -140,11 +139,6 @@ def real_driver_config(work: Path) -> Path:
     return config
 
 
-# tests/simgpu/README.md's keys, µs: the H200's nvmlInit (10.0 ms alone, 11.2 in a cold create)
-# and its first device access (6.2 ms)
-SLOW_NVML = {"nvml_init_us": 11000, "nvml_attach_us": 6000}
-
-
 class Setup:
     def __init__(self, work: Path, phases=False, real_driver=False, slow_nvml=False):
         self.work = work
@@ -175,8 +169,7 @@ class Setup:
             self.env = {**os.environ, "HAMI_CONFIG": str(config),
                         "HAMI_SIM_STATE": str(work / "simstate" / "gpu.state")}
             if slow_nvml:
-                (work / "sim.conf").write_text("".join(f"{k} = {v}\n" for k, v in SLOW_NVML.items()))
-                self.env["HAMI_SIM_CONFIG"] = str(work / "sim.conf")
+                self.env.update(slow_nvml_env(work))
         if phases:  # top-level keys, ahead of any table
             config.write_text(f'log_level = "debug"\nlog_file = "{self.log}"\n' + config.read_text())
         self.env.pop("HAMI_LAUNCHER", None)

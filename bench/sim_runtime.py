@@ -6,6 +6,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_CONFIG = ROOT / "build" / "sim" / "hami.toml"
+# The simulated NVML as slow as an H200 node's (tests/simgpu/README.md's keys, µs): its
+# nvmlInit (10.0 ms alone, 11.2 in a cold create) and its first device access (6.2 ms),
+# measured there on 2026-11-28 (bench/gpu/init_costs.py, a cold create's trace).
+SLOW_NVML = {"nvml_init_us": 11000, "nvml_attach_us": 6000}
+
+
+def slow_nvml_env(work: Path) -> dict:
+    """HAMI_SIM_CONFIG naming work/sim.conf, which holds SLOW_NVML."""
+    (work / "sim.conf").write_text("".join(f"{k} = {v}\n" for k, v in SLOW_NVML.items()))
+    return {"HAMI_SIM_CONFIG": str(work / "sim.conf")}
 
 
 def sim_config_missing() -> bool:

@@ -1,4 +1,6 @@
 """Memory limit on every allocation path, every way of reaching the driver."""
+import time
+
 import pytest
 
 from .conftest import MIB
@@ -92,3 +94,18 @@ def test_memory_taken_past_the_hooks_is_charged_at_the_next_allocation(probe):
     small = probe.run("link", "bypass", helper, hidden, LIMIT - ctx - hidden - 4 * MIB,
                       CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
     assert small.fields["rc"] == 0
+
+
+def test_processes_start_nvml_side_by_side(probe, tmp_path):
+    """A first context's NVML start (init and first device access, tens of ms on a real
+    driver) is the process's own: processes of one container starting at once do not
+    wait for each other's, as they do for each other's context measurement."""
+    conf = tmp_path / "slow-nvml.conf"
+    conf.write_text("nvml_init_us = 200000\nnvml_attach_us = 100000\n")
+    started = time.monotonic()
+    procs = [probe.start("link", "info", CUDA_DEVICE_MEMORY_LIMIT=LIMIT, HAMI_SIM_CONFIG=conf)
+             for _ in range(6)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out + err
+    assert time.monotonic() - started < 1.2  # 0.3 s each side by side; one by one 1.8 s
