@@ -19,6 +19,7 @@ first context then cost what they cost there.
     python bench/libvgpu_overhead.py [--calls N] [--repeats R] [--procs P] [--baseline LIBVGPU] [--slow-nvml]
 """
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ SIM_LIB = BUILD / "sim" / "lib"
 
 
 RUNTIME_MADE = ROOT / "scripts" / "runtime-made.sh"
+MOUNT_POINT = "/.hami"  # runtime-made.sh makes it on the host's disk where it is missing
 MIB = 1 << 20
 STAMP_BYTES = 64  # libvgpu_src/activity.h
 
@@ -117,23 +119,29 @@ def main() -> int:
     subprocess.run(["make", "-s", "-C", str(ROOT), "build", "sim", "libvgpu-bench"], check=True,
                    timeout=600)
     metrics = ["alloc_ns", "free_ns", "launch_ns", "getinfo_ns"]
-    with tempfile.TemporaryDirectory(prefix="hami-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        slow = args.slow_nvml
-        setups = [Setup("driver alone", tmp, slow_nvml=slow)]
-        if args.baseline:
-            setups.append(Setup("baseline libvgpu, bare", tmp, args.baseline, slow_nvml=slow))
-        setups += [Setup("libvgpu, bare", tmp, LIBVGPU, slow_nvml=slow),
-                   Setup("libvgpu, runtime-made", tmp, LIBVGPU, True, slow_nvml=slow)]
-        samples = {s.label: {m: [] for m in metrics + ["init_ns"]} for s in setups}
-        for _ in range(args.repeats):
-            for setup in setups:
-                for key, value in run(setup, "calls", str(args.calls)).items():
-                    samples[setup.label][key].append(value)
-                samples[setup.label]["init_ns"].append(run(setup, "init")["init_ns"])
-        # the runtime-made setup's wrapper makes a mount namespace per process, which a
-        # container's processes do not pay: it has no burst row
-        bursts = {setup.label: burst(setup, args.procs) for setup in setups if not setup.prefix}
+    made_mount_point = not os.path.lexists(MOUNT_POINT)
+    try:
+        with tempfile.TemporaryDirectory(prefix="hami-bench-") as tmp_name:
+            tmp = Path(tmp_name)
+            slow = args.slow_nvml
+            setups = [Setup("driver alone", tmp, slow_nvml=slow)]
+            if args.baseline:
+                setups.append(Setup("baseline libvgpu, bare", tmp, args.baseline, slow_nvml=slow))
+            setups += [Setup("libvgpu, bare", tmp, LIBVGPU, slow_nvml=slow),
+                       Setup("libvgpu, runtime-made", tmp, LIBVGPU, True, slow_nvml=slow)]
+            samples = {s.label: {m: [] for m in metrics + ["init_ns"]} for s in setups}
+            for _ in range(args.repeats):
+                for setup in setups:
+                    for key, value in run(setup, "calls", str(args.calls)).items():
+                        samples[setup.label][key].append(value)
+                    samples[setup.label]["init_ns"].append(run(setup, "init")["init_ns"])
+            # the runtime-made setup's wrapper makes a mount namespace per process, which a
+            # container's processes do not pay: it has no burst row
+            bursts = {setup.label: burst(setup, args.procs) for setup in setups if not setup.prefix}
+    finally:
+        if made_mount_point:  # left empty: everything went under the tmpfs
+            with contextlib.suppress(OSError):
+                os.rmdir(MOUNT_POINT)
 
     names = {"alloc_ns": "cuMemAlloc_v2 (4 KiB)", "free_ns": "cuMemFree_v2",
              "launch_ns": "cuLaunchKernel (zero-length)", "getinfo_ns": "cuMemGetInfo_v2"}
