@@ -7,12 +7,10 @@
  * page-locked host memory (the driver maps it for the device). */
 #include "sim.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#define MEMOP_POLL_NS 20000L
+#define MEMOP_POLL_US 20
 
 struct memop {
     struct sim_stream *stream;
@@ -58,10 +56,8 @@ static void run_memop(void *arg)
     else if (op->type == CU_STREAM_MEM_OP_WRITE_VALUE_64)
         __atomic_store_n((uint64_t *)op->address, op->value, __ATOMIC_RELEASE);
     else if (op->type == CU_STREAM_MEM_OP_WAIT_VALUE_32 || op->type == CU_STREAM_MEM_OP_WAIT_VALUE_64) {
-        struct timespec pause = {0, MEMOP_POLL_NS};
         while (!satisfied(op) && !sim_stream_stopping(op->stream))
-            while (nanosleep(&pause, &pause) == EINTR)
-                ;
+            sim_sleep_us(MEMOP_POLL_US);
     }
     free(op);
 }
