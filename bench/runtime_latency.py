@@ -18,10 +18,13 @@ exits; its delete follows, untimed). Each is timed warm (the state dir as
 the previous iteration left it: the config and discovery caches there, and
 the create server listening) and cold (a fresh state dir, as /run/hami is
 after every reboot; the config file itself is older than the config cache's
-settling time, as on a node); and the GPU kind once more on a fresh state dir
-after a container without request (untimed), as a Kubernetes pod's sandbox
-comes before its containers: that create starts the create server, which the
-bench lets start. The first create on a fresh state dir starts the server
+settling time, as on a node); and the GPU kind alone in three more rows
+(GPU_ROWS): on a fresh state dir after a container without request (untimed),
+as a Kubernetes pod's sandbox comes before its containers: that create starts
+the create server, which the bench lets start; on a warm state dir whose create
+server has ended (killed, as it ends after create_server_idle_s without a
+request: the first GPU create after a quiet spell); and the same after a
+container without request. The first create on a fresh state dir starts the server
 (once that create's runc has exited), and after a GPU container's delete the
 allocation is freed by a detached release (the server's); the bench waits
 until the server listens and serves nothing, and no detached Python runs,
@@ -62,6 +65,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -80,6 +84,12 @@ LAUNCHER = ROOT / "build" / "hami-runtime"
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 GPU = {"hami.io/gpumem": "1000", "hami.io/gpucores": "30"}
 SETTLED_S = 2.5  # config_cache.SETTLED_NS, and some
+# The GPU kind's own rows: (the runc samples it is set against, what the table calls it).
+GPU_ROWS = {
+    "sandbox first": ("cold", "cold, a container without request first"),
+    "server ended": ("warm", "warm, the create server ended"),
+    "server ended then sandbox first": ("warm", "warm, the create server ended, a container without request first"),
+}
 
 
 def _children_cpu():
@@ -269,6 +279,18 @@ class Setup:
             used[pid] = sum(int(f) for f in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")  # u+s, children's
         return used
 
+    def server_ended(self, timeout=10.0):
+        """Ends the create server and its spare, as create_server_idle_s does (its socket left)."""
+        config = f"HAMI_CONFIG={self.env['HAMI_CONFIG']}".encode()
+        deadline = time.monotonic() + timeout
+        while (pids := processes_with_env(b"HAMI_CREATE_SERVER=1", config)) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+
     def fresh_state(self):
         self.released()
         self.warmed()
@@ -323,7 +345,7 @@ def print_phases(found: dict, traced: dict, runc_create: dict) -> None:
     if not rows:
         print("\nno create phases in the runtime's log (its log_level debug, log_file)")
         return
-    keys = [k for k in ((o, w) for o in ("create+delete", "run") for w in ("warm", "cold", "sandbox first"))
+    keys = [k for k in ((o, w) for o in ("create+delete", "run") for w in ("warm", "cold", *GPU_ROWS))
             if k in rows]
     names = []
     for key in keys:
@@ -345,7 +367,7 @@ def print_phases(found: dict, traced: dict, runc_create: dict) -> None:
     print("| wall less traced (runc's exec and create, the hook; for `run` the container too) | "
           + " | ".join(cell([w - t for _, t, _, w in rows[k]]) for k in keys) + " |")
     print("| runc's own `create`, the same iterations | "
-          + " | ".join(f"{runc_create['cold' if w != 'warm' else 'warm']:.2f}" if o == "create+delete" else ""
+          + " | ".join(f"{runc_create[GPU_ROWS.get(w, (w,))[0]]:.2f}" if o == "create+delete" else ""
                        for o, w in keys) + " |")
     print("\nwhat the creates noted (how many of each column's samples; numbers are medians):\n")
     for key, head in zip(keys, heads):
@@ -405,9 +427,11 @@ def main() -> int:
         cmd, bundle = kinds[kind]
         cid = f"{kind}-{op}-{warmth}-{i}".replace(" ", "-").replace("+", "-")
         s.fresh_spec(bundle)
-        if warmth != "warm":
+        if warmth in ("cold", "sandbox first"):
             s.fresh_state()
-        if warmth == "sandbox first":  # a pod's: a container without request, untimed, then the GPU one
+        if warmth.startswith("server ended"):
+            s.server_ended()
+        if warmth.endswith("sandbox first"):  # a pod's: a container without request, untimed, then the GPU one
             quiet(hami + s.g("create", "--bundle", str(plain), f"sandbox-{cid}"), env)
             quiet(hami + s.g("delete", "-f", f"sandbox-{cid}"), env)
             s.warmed()
@@ -430,7 +454,7 @@ def main() -> int:
             time.sleep(0.005)
         served_after = s.server_cpu()
         s.background_gone()
-        if warmth == "warm" or kind == "gpu" and warmth == "sandbox first":  # a cold one starts the server
+        if warmth != "cold":  # a cold one starts the server
             served.setdefault((op, warmth, kind), []).append(served_cpu(served_before, served_after))
         results.setdefault((op, warmth, kind), []).append((wall, cpu))
 
@@ -453,7 +477,8 @@ def main() -> int:
                     order = list(kinds)[i % 3:] + list(kinds)[:i % 3]  # each kind first, second, third in turn
                     for kind in order:
                         sample(op, warmth, kind, i)
-                sample(op, "sandbox first", "gpu", i)
+                for warmth in GPU_ROWS:
+                    sample(op, warmth, "gpu", i)
             for name, args in (("list", ("list",)), ("state", ("state", "resident"))):
                 passthrough[name][0].append(timed([RUNC] + s.g(*args), env))
                 passthrough[name][1].append(timed(hami + s.g(*args), env))
@@ -491,15 +516,15 @@ def main() -> int:
                       f"| {added['none']:+.1f} | {added['gpu']:+.1f} "
                       f"| {walls['runc'][1]:.1f} | {walls['none'][1]:.1f} | {walls['gpu'][1]:.1f} "
                       f"| {runc_cpu:.1f} | {cpu_added['none']:+.1f} | {cpu_added['gpu']:+.1f} |")
-            # the GPU container on a fresh state dir after a container without request, against
-            # the cold runc samples of the same iterations
-            first, runc_cold = results[(op, "sandbox first", "gpu")], results[(op, "cold", "runc")]
-            median, p90 = stats([w for w, _ in first])
-            added = statistics.median(h[0] - r[0] for h, r in zip(first, runc_cold))
-            cpu_added = statistics.median(h[1] - r[1] for h, r in zip(first, runc_cold)) + \
-                server_share(served, op, "sandbox first")
-            print(f"| `{op}` | cold, a container without request first | | | {median:.1f} | | {added:+.1f} "
-                  f"| | | {p90:.1f} | | | {cpu_added:+.1f} |")
+            # the GPU kind's own rows, against runc's samples of the same iterations
+            for warmth, (against, title) in GPU_ROWS.items():
+                gpu_runs, runc_runs = results[(op, warmth, "gpu")], results[(op, against, "runc")]
+                median, p90 = stats([w for w, _ in gpu_runs])
+                added = statistics.median(h[0] - r[0] for h, r in zip(gpu_runs, runc_runs))
+                cpu_added = statistics.median(h[1] - r[1] for h, r in zip(gpu_runs, runc_runs)) + \
+                    server_share(served, op, warmth)
+                print(f"| `{op}` | {title} | | | {median:.1f} | | {added:+.1f} "
+                      f"| | | {p90:.1f} | | | {cpu_added:+.1f} |")
         print("\n| `create+delete`, each part | state dir | runc ms | no request added | GPU added |")
         print("| --- | --- | ---: | ---: | ---: |")
         for at, name in ((0, "`create`"), (1, "`delete`")):

@@ -7,10 +7,9 @@
  * candidate. So do create and run of a spec that surely asks for no GPU
  * (spec_scan.c: no request key, env request or dockerd GPU hook, and nothing
  * it cannot read exactly as Python would), with runc's flags only and a valid
- * id: the Python runtime would pass it through untouched (the first such
- * create on a state dir that never had a create server starts one, detached
- * and at low priority; with the server off, a warm-up of the caches a GPU
- * create reads). delete runs the real
+ * id: the Python runtime would pass it through untouched (such a create where
+ * no create server runs starts one, detached and at low priority; with the
+ * server off, a warm-up of the caches a GPU create reads). delete runs the real
  * runtime's delete and returns its status at once; where the state dir holds
  * the id's allocation dirs, the allocation is then freed by a detached release
  * (stdio on /dev/null; the create server's where one answers, else a Python
@@ -423,17 +422,16 @@ static void through_server(char **argv)
     }
 }
 
-/* Ahead of GPU creates, from one that asks for none: the create server
- * started on a state dir that never had one (its socket stays when it ends
- * idle: then a GPU create starts it again), else the warm-up of the caches. */
+/* Ahead of GPU creates, from one that asks for none: the create server started
+ * where none runs (a state dir that never had one, or one whose server ended
+ * idle: a pod's sandbox comes before its GPU containers, which it then serves;
+ * the server's lock says whether one runs), else the warm-up of the caches. */
 static void ahead_of_gpu_creates(char *argv0)
 {
-    char socket_path[PATH_MAX];
-    struct stat st;
-    if (server_file(SERVER_SOCKET, socket_path, sizeof socket_path) != 0)
-        warm_up_once(argv0);
-    else if (lstat(socket_path, &st) != 0)
+    if (config_server_idle_s() > 0)
         start_server(argv0);
+    else
+        warm_up_once(argv0);
 }
 
 /*

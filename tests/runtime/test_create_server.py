@@ -382,21 +382,25 @@ def test_a_stopped_server_is_passed_by(served):
     assert list(node.allocations()) == ["stopped"]
 
 
-def test_an_idle_server_ends_and_a_gpu_create_starts_it_again(node):
-    """create_server_idle_s: the server ends that long after its last request,
-    its socket left behind, so a create without request starts none; a GPU
-    create does."""
+@pytest.mark.parametrize("first", ["without request", "GPU"])
+def test_an_idle_server_ends_and_the_next_create_starts_it_again(node, first):
+    """create_server_idle_s: the server ends that long after its last request, its
+    socket left behind. The next create starts it again: one without request (a pod's
+    sandbox) has it serve the GPU create after it; a GPU create runs its own Python."""
     configure(node, create_server_idle_s=1)
     assert create(node, "g1", node.bundle("g1", GPU, args=("true",)))[0] == 0
     assert answering(node)
     pids = settled_server_pids(node)
     assert len(pids) == 1 and ended(pids, timeout=15)
     assert os.path.exists(socket_path(node))
-    assert node.create("plain", node.bundle("plain", args=("true",)), cmd=[str(LAUNCHER)]).returncode == 0
-    time.sleep(2.5)
-    assert server_pids(node) == []
-    assert create(node, "g2", node.bundle("g2", GPU, args=("true",)))[0] == 0
+    if first == "without request":
+        assert node.create("plain", node.bundle("plain", args=("true",)), cmd=[str(LAUNCHER)]).returncode == 0
+        assert answering(node)
+    rc, err, launcher, logged = create(node, "g2", node.bundle("g2", GPU, args=("true",)))
+    assert rc == 0, err
+    assert (logged == launcher) == (first == "GPU")
     assert answering(node)
+    assert not set(settled_server_pids(node)) & set(pids)
 
 
 def test_no_server_where_the_config_says_none(node):

@@ -41,8 +41,8 @@ child gives up on a request not received and taken on within REQUEST_S.
 
 It ends after create_server_idle_s without a request, when its socket is no
 longer the one it bound (the state dir removed, or a newer server), or when a
-file of its code changed; its socket stays, so that the next GPU create (which
-runs Python itself) starts a new one, and a create that asks for no GPU none.
+file of its code changed; its socket stays, and the next create starts a new
+one (a GPU create after running Python itself).
 """
 from __future__ import annotations
 
