@@ -49,7 +49,9 @@ The state dir, the runc root and the bundles are on a tmpfs (/dev/shm), as
 phases (hami_runtime/phases.py); a table of each phase's median per row, and
 what follows the trace (the launcher's exec of runc, runc's create and the
 createRuntime hook: the create's wall time less the traced total) against
-runc's own create.
+runc's own create, of the plain spec and of the spec the runtime wrote, its hook
+taken out (run beside each GPU create, untimed otherwise): the mounts and devices
+the runtime adds apart from the launcher's exec of runc and the hook.
 --slow-nvml: the simulated NVML as slow as an H200 node's (sim_runtime.SLOW_NVML:
 its first nvmlInit and first device handle), so that a cold create waits for
 NVML as a node's does.
@@ -184,6 +186,8 @@ class Setup:
             config.write_text(f'log_level = "debug"\nlog_file = "{self.log}"\n' + config.read_text())
         self.env.pop("HAMI_LAUNCHER", None)
         self.specs = {}
+        self.edited = work / "edited"
+        self.edited.mkdir()
 
     def bundle(self, name, annotations=None):
         path = self.work / name
@@ -334,10 +338,11 @@ def read_phases(log: Path) -> dict:
     return found
 
 
-def print_phases(found: dict, traced: dict, runc_create: dict) -> None:
+def print_phases(found: dict, traced: dict, runc_create: dict, edited: dict) -> None:
     """Each phase's median per row (operation, state dir) of the GPU kind; then
     what followed the trace (wall less traced: the launcher's exec of runc,
-    runc's create or run, the createRuntime hook) against runc's own create."""
+    runc's create or run, the createRuntime hook) against runc's own create,
+    of the plain spec and of the runtime's edited one without its hook."""
     rows = {}  # (op, warmth) -> [(spans, total, notes, wall)]
     for cid, (op, warmth, wall) in traced.items():
         if cid in found:
@@ -369,6 +374,10 @@ def print_phases(found: dict, traced: dict, runc_create: dict) -> None:
     print("| runc's own `create`, the same iterations | "
           + " | ".join(f"{runc_create[GPU_ROWS.get(w, (w,))[0]]:.2f}" if o == "create+delete" else ""
                        for o, w in keys) + " |")
+    for at, what in ((0, "runc's own `create`, beside each GPU create"),
+                     (1, "the same, the runtime's edited spec without its hook")):
+        print(f"| {what} | " + " | ".join(cell([pair[at] for pair in edited.get(w, [])]) if o == "create+delete"
+                                          else "" for o, w in keys) + " |")
     print("\nwhat the creates noted (how many of each column's samples; numbers are medians):\n")
     for key, head in zip(keys, heads):
         kinds = {}
@@ -422,6 +431,24 @@ def main() -> int:
     served = {}   # (operation, warmth, kind) -> [CPU ms of the create server]
     parts = {}    # (warmth, kind) -> [(create wall ms, delete wall ms)]
     traced = {}   # GPU container id -> (operation, warmth, the create's (or run's) wall ms)
+    edited = {}   # warmth -> [(runc's own create of the plain spec, of a GPU create's edited one
+                  #              without its hooks), ms, side by side]
+
+    def edited_spec_create(warmth, bundle, cid):
+        """runc's own create of the spec the runtime just wrote, its hooks taken out, and of the
+        plain spec, in turn, beside the GPU container (the edited spec's host files are that
+        allocation's): what the mounts and devices the runtime adds cost runc, apart from the
+        launcher's exec of runc and the hook."""
+        spec = json.loads((bundle / "config.json").read_text())
+        spec.pop("hooks", None)
+        (s.edited / "config.json").write_text(json.dumps(spec))
+        s.fresh_spec(plain)
+        walls = {}
+        turn = len(edited.get(warmth, [])) % 2  # which goes first changes with each of the row's samples
+        for name, path in sorted({"plain": plain, "edited": s.edited}.items(), reverse=turn == 1):
+            walls[name], _ = timed([RUNC] + s.g("create", "--bundle", str(path), f"{name}-{cid}"), env)
+            quiet([RUNC] + s.g("delete", "-f", f"{name}-{cid}"), env)
+        edited.setdefault(warmth, []).append((walls["plain"], walls["edited"]))
 
     def sample(op, warmth, kind, i):
         cmd, bundle = kinds[kind]
@@ -439,6 +466,8 @@ def main() -> int:
         served_before = s.server_cpu()
         if op == "create+delete":
             wall, cpu = timed(cmd + s.g("create", "--bundle", str(bundle), cid), env)
+            if s.log is not None and kind == "gpu":
+                edited_spec_create(warmth, bundle, cid)
             w2, c2 = timed(cmd + s.g("delete", cid), env)
             parts.setdefault((warmth, kind), []).append((wall, w2))
             traced[cid] = (op, warmth, wall)
@@ -468,6 +497,7 @@ def main() -> int:
         served.clear()
         parts.clear()
         traced.clear()
+        edited.clear()
         load_before = os.getloadavg()
         passthrough = {"list": ([], []), "state": ([], [])}
         quiet([RUNC] + s.g("create", "--bundle", str(plain), "resident"), env)
@@ -548,7 +578,7 @@ def main() -> int:
               f"({low_launched - low:+.2f} ms)")
         if s.log is not None:
             runc_create = {w: statistics.median(p[0] for p in parts[(w, "runc")]) for w in ("warm", "cold")}
-            print_phases(read_phases(s.log), traced, runc_create)
+            print_phases(read_phases(s.log), traced, runc_create, edited)
     except subprocess.CalledProcessError:
         if s.log is not None and s.log.exists():  # why, where the runtime said it
             print("the runtime's log, its end:\n" + "\n".join(s.log.read_text().splitlines()[-5:]), file=sys.stderr)
