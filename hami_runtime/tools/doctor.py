@@ -292,7 +292,7 @@ def check_visible_devices_alone(cfg, gpus, checks: List[tuple]) -> None:
 
 def check_server(cfg, checks: List[tuple]) -> None:
     """Whether the create server of the state dir listens (its absence is no
-    fault: the next GPU create starts it)."""
+    fault: the next create starts it)."""
     import socket
     import struct
     from ..lifecycle.serving import create_server
@@ -305,7 +305,7 @@ def check_server(cfg, checks: List[tuple]) -> None:
             probe.connect(path)
             pid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         except OSError:
-            checks.append(("create server", "not running (the next GPU create starts it)"))
+            checks.append(("create server", "not running (the next create starts it)"))
             return
     checks.append(("create server", f"pid {pid}, at {path}; ends after {cfg.create_server_idle_s} s "
                    "without a create"))
