@@ -104,7 +104,8 @@ class NodeConfig(Strict):
     create_server_idle_s: int = Field(
         300, ge=0, le=86400, description="a GPU create through the launcher is served by a Python that "
         "has loaded the runtime already (the create server), which ends after this many seconds without "
-        "a create, and the next create starts it again; 0: none, every GPU create starts its own Python")
+        "a create while no GPU container lives, and the next create starts it again; 0: none, every GPU "
+        "create starts its own Python")
     agent_interval_ms: int = Field(
         250, ge=50, le=10000, description="the node agent (hamictl agent) reads each GPU container's "
         "processes from its cgroup and the driver's per-process memory and SM use this often")

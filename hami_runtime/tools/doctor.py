@@ -308,7 +308,7 @@ def check_server(cfg, checks: List[tuple]) -> None:
             checks.append(("create server", "not running (the next create starts it)"))
             return
     checks.append(("create server", f"pid {pid}, at {path}; ends after {cfg.create_server_idle_s} s "
-                   "without a create"))
+                   "without a create while no GPU container lives"))
 
 
 def check_agent(cfg, checks: List[tuple]) -> None:

@@ -390,6 +390,8 @@ def test_an_idle_server_ends_and_the_next_create_starts_it_again(node, first):
     configure(node, create_server_idle_s=1)
     assert create(node, "g1", node.bundle("g1", GPU, args=("true",)))[0] == 0
     assert answering(node)
+    assert node.runtime("delete", "-f", "g1", cmd=[str(LAUNCHER)]).returncode == 0
+    assert released(node)
     pids = settled_server_pids(node)
     assert len(pids) == 1 and ended(pids, timeout=15)
     assert os.path.exists(socket_path(node))
@@ -402,6 +404,21 @@ def test_an_idle_server_ends_and_the_next_create_starts_it_again(node, first):
     assert (logged == launcher) == (first == "GPU")
     assert answering(node)
     assert not set(settled_server_pids(node)) & set(pids)
+
+
+def test_an_idle_server_stays_while_a_gpu_container_lives(node):
+    """Past create_server_idle_s without a request, the server stays while a GPU container
+    the state dir allocated lives (its delete, and likely more creates, are to come), and
+    ends that long after its delete."""
+    configure(node, create_server_idle_s=1)
+    assert create(node, "held", node.bundle("held", GPU, args=("true",)))[0] == 0
+    assert answering(node)
+    [server] = settled_server_pids(node)
+    time.sleep(3.5)  # past the idle span and the server's look at it (once a second)
+    assert server in server_pids(node)
+    assert node.runtime("delete", "-f", "held", cmd=[str(LAUNCHER)]).returncode == 0
+    assert released(node)
+    assert ended([server], timeout=15)
 
 
 def test_no_server_where_the_config_says_none(node):

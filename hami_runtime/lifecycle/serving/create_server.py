@@ -39,8 +39,9 @@ connections are held waiting for their first bytes (the rest wait in the
 listen backlog, and a launcher that finds it full passes the server by), and a
 child gives up on a request not received and taken on within REQUEST_S.
 
-It ends after create_server_idle_s without a request, when its socket is no
-longer the one it bound (the state dir removed, or a newer server), or when a
+It ends after create_server_idle_s without a request while no GPU container the
+state dir allocated lives (while one does, its delete and likely more creates are
+to come), when its socket is no longer the one it bound (the state dir removed, or a newer server), or when a
 file of its code changed; its socket stays, and the next create starts a new
 one (a GPU create after running Python itself).
 """
@@ -116,7 +117,7 @@ def serve() -> int:
     waiting: dict = {}  # connection: (when accepted, its launcher's pid)
     spare = None  # (pid, the socket it waits on)
     last = checked = time.monotonic()
-    while True:  # it ends leaving its socket: a create that asks for no GPU then starts none
+    while True:  # it ends leaving its socket: the next create starts another
         _reap(children)
         now = time.monotonic()
         for conn in [c for c, (since, _) in waiting.items() if now - since >= IDLE_S]:
@@ -130,8 +131,12 @@ def serve() -> int:
         now = time.monotonic()
         if now >= checked + TICK_S:  # a flood does not keep it from seeing it should end
             checked = now
-            if (now - last > cfg.create_server_idle_s and not waiting) or ended():
+            if ended():
                 return 0
+            if now - last > cfg.create_server_idle_s and not waiting:
+                if not _gpu_containers_alive(cfg.state_dir):
+                    return 0
+                last = now  # their deletes, and likely more creates, are to come: another idle span
         for ready in readable:
             if ready is wake_up:
                 with contextlib.suppress(OSError):
@@ -268,6 +273,18 @@ def _listen(path: str) -> socket.socket:
         os.umask(old)
     listener.setblocking(False)
     return listener
+
+
+def _gpu_containers_alive(state_dir: str) -> bool:
+    """An allocation of the state dir names a GPU container that lives (its create runs, or
+    runc keeps it); a state that cannot be read names none."""
+    from ...errors import HamiError
+    from ..node_state import store
+    try:
+        state = store.snapshot(state_dir)
+    except HamiError:
+        return False
+    return bool(set(state.allocations) - set(state.dead()))
 
 
 def _still_ours(state_dir: str, bound) -> bool:
