@@ -23,7 +23,8 @@ CANNED = {
     "tests_status": "pytest: 1 failed, 1 passed, 1 skipped in 80.0s",
     "tests": [
         {"test": "tests/gpu/test_driver.py::test_force_holds_the_share_of_gpu_time[5000-30]", "outcome": "passed",
-         "figures": {"busy_pct": 30.4123, "jitter_points": 1.25, "per_second_pct": [30.1, 30.7]}, "reason": ""},
+         "figures": {"busy_pct": 30.4123, "jitter_points": 1.25, "per_second_pct": [30.1, 30.7]}, "reason": "",
+         "seconds": 12.4},
         {"test": "tests/gpu/test_driver.py::test_libvgpu_adds_at_most_5_ms_to_cuda_init", "outcome": "failed",
          "figures": {"native_ms": 316.0, "libvgpu_ms": 326.0, "added_ms": 10.0},
          "reason": "AssertionError: ([316, 317], [326, 327]) | x"},
@@ -32,7 +33,8 @@ CANNED = {
     ],
     "bench": {"sections": [
         {"name": "sm", "title": "SM share as GPU time", "columns": ["kernel µs", "30 %: busy % (jitter)"],
-         "rows": [[50, "29.6 (1.2)"], [5000, "30.7 (0.4)"]], "note": "busy % = the kernels' own time"},
+         "rows": [[50, "29.6 (1.2)"], [5000, "30.7 (0.4)"]], "note": "busy % = the kernels' own time",
+         "seconds": 44.3},
         {"name": "spill", "title": "spill", "skipped": "not run: 20 s of the budget left, ~60 s needed"},
         {"name": "graph", "title": "graph", "error": "RuntimeError: torch_probe.py failed"},
     ]},
@@ -63,7 +65,9 @@ def test_the_report_names_the_machine_every_figure_and_every_outcome():
     assert "| FAILED |" in row and "added_ms 10.0" in row and "native_ms 316.0" in row
     assert "\\| x" in row                                  # a pipe in a reason cannot break the table
     passed = next(line for line in text.splitlines() if "test_force_holds" in line)
-    assert "busy_pct 30.4" in passed and "per_second_pct 30.1 30.7" in passed and "| passed |" in passed
+    assert "busy_pct 30.4" in passed and "per_second_pct 30.1 30.7" in passed and "| passed | 12 |" in passed
+    assert "| FAILED | - |" in row                         # what each test took of the window, where known
+    assert "#### SM share as GPU time (44 s)\n" in text
     assert "no PyTorch here that sees the GPU" in text
     assert "| 50 | 29.6 (1.2) |" in text and "busy % = the kernels' own time" in text
     assert "#### spill\n\nSkipped: not run: 20 s of the budget left" in text

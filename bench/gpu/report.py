@@ -40,7 +40,8 @@ def environment_line(env: dict) -> str:
 
 
 def section_markdown(sec: dict) -> str:
-    head = f"### {sec.get('title', sec.get('name', '?'))}\n\n"
+    took = f" ({sec['seconds']:.0f} s)" if "seconds" in sec else ""  # what it took of the check's window
+    head = f"### {sec.get('title', sec.get('name', '?'))}{took}\n\n"
     if "skipped" in sec:
         return head + f"Skipped: {sec['skipped']}\n"
     if "error" in sec:
@@ -52,19 +53,21 @@ def section_markdown(sec: dict) -> str:
 
 
 def tests_markdown(tests: list) -> str:
-    """One row a test: outcome, its figures, and why it failed or skipped."""
+    """One row a test: outcome, seconds (of the check's window), its figures, and why it failed
+    or skipped."""
     if not tests:
         return "No test result recorded.\n"
     rows = []
     for t in tests:
         name = t["test"].split("::", 1)[-1]
         outcome = t["outcome"].upper() if t["outcome"] == "failed" else t["outcome"]
-        rows.append([name, outcome, _cell(t.get("figures") or {}) or "-", t.get("reason") or "-"])
+        seconds = f"{t['seconds']:.0f}" if isinstance(t.get("seconds"), (int, float)) else "-"
+        rows.append([name, outcome, seconds, _cell(t.get("figures") or {}) or "-", t.get("reason") or "-"])
     counts = {}
     for t in tests:
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    return f"{summary}.\n\n" + table(["test", "outcome", "figures", "reason"], rows) + "\n"
+    return f"{summary}.\n\n" + table(["test", "outcome", "s", "figures", "reason"], rows) + "\n"
 
 
 def render(results: dict) -> str:
