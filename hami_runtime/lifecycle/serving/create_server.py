@@ -41,9 +41,9 @@ child gives up on a request not received and taken on within REQUEST_S.
 
 It ends after create_server_idle_s without a request while no GPU container the
 state dir allocated lives (while one does, its delete and likely more creates are
-to come), when its socket is no longer the one it bound (the state dir removed, or a newer server), or when a
-file of its code changed; its socket stays, and the next create starts a new
-one (a GPU create after running Python itself).
+to come), when its socket is no longer the one it bound (the state dir removed,
+or a newer server), or when a file of its code changed; its socket stays, and
+the next create starts a new one (a GPU create after running Python itself).
 """
 from __future__ import annotations
 
