@@ -227,11 +227,13 @@ class Setup:
                 (cache / name).exists() for name in ("config.json", "gpus.json", "driver-files.json")):
             time.sleep(0.005)
 
+    def server_processes(self) -> list:
+        """The create servers of this bench's config, their spares and children serving a request."""
+        return processes_with_env(b"HAMI_CREATE_SERVER=1", f"HAMI_CONFIG={self.env['HAMI_CONFIG']}".encode())
+
     def servers(self) -> list:
         """The create servers of this bench's config (and children serving a request; not a spare)."""
-        return [pid for pid in processes_with_env(b"HAMI_CREATE_SERVER=1",
-                                                  f"HAMI_CONFIG={self.env['HAMI_CONFIG']}".encode())
-                if not is_spare(pid)]
+        return [pid for pid in self.server_processes() if not is_spare(pid)]
 
     def server_answers(self) -> bool:
         """The server accepts a connection (which it serves as a request it declines)."""
@@ -285,9 +287,8 @@ class Setup:
 
     def server_ended(self, timeout=10.0):
         """Ends the create server and its spare, as create_server_idle_s does (its socket left)."""
-        config = f"HAMI_CONFIG={self.env['HAMI_CONFIG']}".encode()
         deadline = time.monotonic() + timeout
-        while (pids := processes_with_env(b"HAMI_CREATE_SERVER=1", config)) and time.monotonic() < deadline:
+        while (pids := self.server_processes()) and time.monotonic() < deadline:
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -442,7 +443,6 @@ def main() -> int:
         spec = json.loads((bundle / "config.json").read_text())
         spec.pop("hooks", None)
         (s.edited / "config.json").write_text(json.dumps(spec))
-        s.fresh_spec(plain)
         walls = {}
         turn = len(edited.get(warmth, [])) % 2  # which goes first changes with each of the row's samples
         for name, path in sorted({"plain": plain, "edited": s.edited}.items(), reverse=turn == 1):
