@@ -45,29 +45,6 @@ int hami_current_device_index(CUdevice *dev_out)
     return hami_region_device_index(dev);
 }
 
-static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
-static int nvml_ready;
-
-static void nvml_start(void)
-{
-    nvmlReturn_t (*init)(void) = HAMI_DRIVER(nvmlInit_v2);
-    nvml_ready = init && init() == NVML_SUCCESS;
-    if (!nvml_ready)
-        hami_warn("NVML unavailable: context memory is not measured");
-}
-
-static nvmlDevice_t nvml_handle(CUdevice dev)
-{
-    pthread_once(&nvml_once, nvml_start);
-    char uuid[96];
-    nvmlDevice_t handle;
-    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *) = HAMI_DRIVER(nvmlDeviceGetHandleByUUID);
-    if (!nvml_ready || !by_uuid || hami_cuda_uuid(dev, uuid, sizeof uuid) < 0 ||
-        by_uuid(uuid, &handle) != NVML_SUCCESS)
-        return NULL;
-    return handle;
-}
-
 #define MAX_SEEN 256
 
 /* What the device looks like around a context's creation: its free memory and
@@ -203,7 +180,7 @@ void hami_reconcile(int index, CUdevice dev)
     __atomic_store_n(&reconciled_dev[index], dev + 1, __ATOMIC_RELAXED);
     static struct snapshot snap;   /* under reconcile_lock */
     uint64_t ours = hami_mem_own(index);
-    take_snapshot(nvml_handle(dev), &snap);
+    take_snapshot(hami_nvml_device(dev), &snap);
     uint64_t ours_after = hami_mem_own(index);
     if (ours_after > ours)
         ours = ours_after;
@@ -290,7 +267,7 @@ static void creation_begin(struct creation *c, CUdevice dev, int index)
     if (index >= 0) {
         /* NVML's start (its init and first device access: ~17 ms on an H200) is this
          * process's own: before the locks other processes wait on, or they start one by one. */
-        c->handle = nvml_handle(dev);
+        c->handle = hami_nvml_device(dev);
         c->region_fd = hami_region_lock();
         c->gpu_fd = hami_activity_lock(dev);
         take_snapshot(c->handle, &c->before);

@@ -77,6 +77,9 @@ int hami_region_device_index(CUdevice dev);
 int hami_cuda_uuid(CUdevice dev, char *out, size_t len);
 /* Same for an NVML handle. */
 int hami_region_nvml_index(nvmlDevice_t dev);
+/* nvml_device.c: NVML's handle of a CUDA device, NVML started once per process (NULL when
+ * NVML cannot say). */
+nvmlDevice_t hami_nvml_device(CUdevice dev);
 /* How many slots may hold usage (slots beyond were never claimed). */
 int hami_region_procs_high(struct hami_region *r);
 /* flock(fd, LOCK_EX), waiting at most 2 s for a holder that is stopped; the fd, or -1

@@ -175,14 +175,11 @@ struct sm_local {
 struct sm_driver {
     CUresult (*ctx_get_current)(CUcontext *);
     CUresult (*ctx_get_device)(CUdevice *);
-    CUresult (*device_uuid)(CUuuid *, CUdevice);
     CUresult (*event_create)(CUevent *, unsigned int);
     CUresult (*event_destroy)(CUevent);
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_query)(CUevent);
     CUresult (*event_elapsed)(float *, CUevent, CUevent);
-    nvmlReturn_t (*nvml_init)(void);
-    nvmlReturn_t (*nvml_by_uuid)(const char *, nvmlDevice_t *);
     nvmlReturn_t (*nvml_process_util)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
                                       unsigned long long);
     nvmlReturn_t (*nvml_running)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
@@ -245,14 +242,11 @@ static void sm_init_once(void)
     sm_local_reset();
     SM_RESOLVE(ctx_get_current, "cuCtxGetCurrent");
     SM_RESOLVE(ctx_get_device, "cuCtxGetDevice");
-    SM_RESOLVE(device_uuid, "cuDeviceGetUuid_v2");
     SM_RESOLVE(event_create, "cuEventCreate");
     SM_RESOLVE(event_destroy, "cuEventDestroy_v2");
     SM_RESOLVE(event_record, "cuEventRecord");
     SM_RESOLVE(event_query, "cuEventQuery");
     SM_RESOLVE(event_elapsed, "cuEventElapsedTime");
-    SM_RESOLVE(nvml_init, "nvmlInit_v2");
-    SM_RESOLVE(nvml_by_uuid, "nvmlDeviceGetHandleByUUID");
     SM_RESOLVE(nvml_process_util, "nvmlDeviceGetProcessUtilization");
     SM_RESOLVE(nvml_running, "nvmlDeviceGetComputeRunningProcesses_v3");
     SM_RESOLVE(module_load, "cuModuleLoadData");
@@ -509,17 +503,8 @@ static int sm_nvml_open(struct sm_local *loc, int64_t now)
         return 0;
     loc->nvml_retry_ns = now + SM_NVML_RETRY_NS;
     CUdevice cu_dev;
-    CUuuid uuid;
-    if (!sm_drv.nvml_init || !sm_drv.nvml_by_uuid || !sm_drv.nvml_process_util || !sm_drv.ctx_get_device ||
-        !sm_drv.device_uuid || sm_drv.ctx_get_device(&cu_dev) != CUDA_SUCCESS ||
-        sm_drv.device_uuid(&uuid, cu_dev) != CUDA_SUCCESS || sm_drv.nvml_init() != NVML_SUCCESS)
-        return 0;
-    const unsigned char *u = (const unsigned char *)uuid.bytes;
-    char text[48];
-    snprintf(text, sizeof(text), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
-             u[15]);
-    if (sm_drv.nvml_by_uuid(text, &loc->nvml_dev) != NVML_SUCCESS)
+    if (!sm_drv.nvml_process_util || !sm_drv.ctx_get_device || sm_drv.ctx_get_device(&cu_dev) != CUDA_SUCCESS ||
+        !(loc->nvml_dev = hami_nvml_device(cu_dev)))
         return 0;
     loc->nvml_pid = sm_nvml_pid(loc->nvml_dev);
     if (!loc->nvml_pid) {

@@ -13,7 +13,8 @@ struct nvml_mig { int instance; };       /* sim_config()->mig_instance[instance]
 static struct nvml_mig mig_handles[SIM_MAX_MIG];
 static int init_count;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
+static int attached[SIM_MAX_DEVICES];    /* visible indices this process's NVML has initialised */
+static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define NVML_VALUE_NOT_AVAILABLE 0xFFFFFFFFu
 
@@ -70,12 +71,20 @@ static int initialised(void) { return __atomic_load_n(&init_count, __ATOMIC_ACQU
 
 #define REQUIRE_INIT() do { if (!initialised()) return NVML_ERROR_UNINITIALIZED; } while (0)
 
-/* `nvml_attach_us`: a process's first device handle, which a real driver makes its
- * first access to the GPU (its other callers wait for it). */
-static void attach(void) { sim_sleep_us(sim_config()->nvml_attach_us); }
+/* `nvml_attach_us`: NVML initialises a GPU at the process's first handle of it (a real
+ * driver's first access to that GPU; the process's other callers wait for it). */
+static void attach(int index)
+{
+    pthread_mutex_lock(&attach_lock);
+    if (!attached[index])
+        sim_sleep_us(sim_config()->nvml_attach_us);
+    attached[index] = 1;
+    pthread_mutex_unlock(&attach_lock);
+}
+
 static nvmlReturn_t handed(nvmlDevice_t *device, int index)
 {
-    pthread_once(&attach_once, attach);
+    attach(index);
     *device = (nvmlDevice_t)&devices[index];
     return NVML_SUCCESS;
 }
@@ -162,8 +171,11 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
     REQUIRE_INIT();
     if (!uuid || !device)
         return NVML_ERROR_INVALID_ARGUMENT;
+    /* as NVML documents it: by index and PCI bus id only the GPU asked for is
+     * initialised, by UUID each one searched on the way to it */
     for (int i = 0; i < sim_config()->visible; i++) {
         char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+        attach(i);
         sim_device_uuid_string(i, text, sizeof text);
         if (!strcmp(text, uuid))
             return handed(device, i);

@@ -60,7 +60,7 @@ struct sim_config {
     uint64_t context_us;                 /* how long making a context takes (its memory is taken first) */
     uint64_t nvml_memory_info_us;        /* how long nvmlDeviceGetMemoryInfo takes (a slow or hung driver) */
     uint64_t nvml_init_us;               /* how long a process's first nvmlInit takes */
-    uint64_t nvml_attach_us;             /* how long a process's first device handle takes */
+    uint64_t nvml_attach_us;             /* how long NVML's first handle of each GPU takes */
     int self_calls;                      /* 1: entry points call each other through their exported names */
     uint64_t host_memory_mib;            /* host memory managed allocations may take, machine-wide */
     int brand;                           /* nvmlDeviceGetBrand's nvmlBrandType_t */

@@ -141,8 +141,8 @@ def test_foreign_state_files(run_py, sim_env, tmp_path, content, rc, message):
 
 
 def test_nvml_start_costs_what_the_config_says(run_py, sim_env, tmp_path):
-    """nvml_init_us: an init that finds NVML not in force; nvml_attach_us: the process's
-    first device handle, which a second thread asking at once waits for too."""
+    """nvml_init_us: an init that finds NVML not in force; nvml_attach_us: a GPU's first
+    handle in the process, which a second thread asking for it at once waits for too."""
     (tmp_path / "sim.conf").write_text("nvml_init_us = 150000\nnvml_attach_us = 100000\n")
     out = run_py("""
         import threading
@@ -153,12 +153,11 @@ def test_nvml_start_costs_what_the_config_says(run_py, sim_env, tmp_path):
         handles = [ctypes.c_void_p() for _ in range(3)]
         waits = [0.0, 0.0]
         def get(i):
-            waits[i] = timed(n.nvmlDeviceGetHandleByIndex_v2, i, ctypes.byref(handles[i]))
+            waits[i] = timed(n.nvmlDeviceGetHandleByIndex_v2, 0, ctypes.byref(handles[i]))
         threads = [threading.Thread(target=get, args=(i,)) for i in range(2)]
         for t in threads: t.start()
         for t in threads: t.join()
-        later = timed(n.nvmlDeviceGetHandleByUUID, b"nonexistent", ctypes.byref(handles[2])) if False else \\
-            timed(n.nvmlDeviceGetHandleByIndex_v2, 0, ctypes.byref(handles[2]))
+        later = timed(n.nvmlDeviceGetHandleByIndex_v2, 0, ctypes.byref(handles[2]))
         for _ in range(2): n.nvmlShutdown()
         restarted = timed(n.nvmlInit_v2)
         print(first, again, *waits, later, restarted)
@@ -166,3 +165,36 @@ def test_nvml_start_costs_what_the_config_says(run_py, sim_env, tmp_path):
     first, again, wait0, wait1, later, restarted = map(float, out.split())
     assert first >= 0.15 and again < 0.05 and restarted >= 0.15
     assert min(wait0, wait1) >= 0.1 and later < 0.05
+
+
+# A handle of the last of four GPUs: NVML initialises that GPU alone by index or PCI bus
+# id, and by UUID each GPU it searches on the way (NVML's documentation of each call).
+@pytest.mark.parametrize("call, key, attached", [
+    ("nvmlDeviceGetHandleByIndex_v2", "index", 1),
+    ("nvmlDeviceGetHandleByPciBusId_v2", "bus_id", 1),
+    ("nvmlDeviceGetHandleByUUID", "uuid", 4),
+])
+def test_nvml_initialises_the_gpus_a_handle_call_reaches(run_py, sim_env, tmp_path, call, key, attached):
+    (tmp_path / "sim.conf").write_text("devices = 4\nnvml_attach_us = 200000\n")
+    env = dict(sim_env, HAMI_SIM_CONFIG=str(tmp_path / "sim.conf"))
+    keys = run_py("""
+        n = ctypes.CDLL("libnvidia-ml.so.1")
+        assert n.nvmlInit_v2() == 0
+        handle, text = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+        assert n.nvmlDeviceGetHandleByIndex_v2(3, ctypes.byref(handle)) == 0
+        assert n.nvmlDeviceGetUUID(handle, text, 96) == 0
+        uuid = text.value
+        assert Cuda().rc("cuInit", 0) == 0
+        cuda = ctypes.CDLL("libcuda.so.1")
+        assert cuda.cuDeviceGetPCIBusId(text, 96, 3) == 0
+        print(repr({"index": 3, "uuid": uuid, "bus_id": text.value}))
+    """, env=env)
+    out = run_py(f"""
+        n = ctypes.CDLL("libnvidia-ml.so.1")
+        assert n.nvmlInit_v2() == 0
+        handle = ctypes.c_void_p()
+        started = time.monotonic()
+        assert n.{call}({eval(keys)[key]!r}, ctypes.byref(handle)) == 0
+        print(time.monotonic() - started)
+    """, env=env)
+    assert attached * 0.2 <= float(out) < (attached + 1) * 0.2  # one sleep a GPU initialised
