@@ -5,6 +5,7 @@
  *   libvgpu_bench calls N   prints alloc_ns free_ns launch_ns getinfo_ns per call
  *   libvgpu_bench init      prints init_ns: cuInit .. first allocation, in process
  *   libvgpu_bench uuids     prints each device's UUID, one a line (for a limits file)
+ * Env BENCH_DEVICE=N: calls and init work on CUDA device N (default 0).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +34,9 @@ static CUcontext open_context(void)
 {
     CUdevice dev;
     CUcontext ctx;
+    const char *ordinal = getenv("BENCH_DEVICE");
     CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDeviceGet(&dev, ordinal ? atoi(ordinal) : 0));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
     return ctx;

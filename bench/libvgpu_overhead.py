@@ -14,9 +14,12 @@ libvgpu in bare use (e.g. the tree before a change).
 
 With --slow-nvml the simulated NVML is as slow to start as an H200 node's
 (sim_runtime.SLOW_NVML), for every setup: libvgpu's NVML calls at a process's
-first context then cost what they cost there.
+first context then cost what they cost there. With --devices N as well, the
+simulated machine has N GPUs and every process works on the last of them, as
+the last rank of a multi-GPU job does.
 
-    python bench/libvgpu_overhead.py [--calls N] [--repeats R] [--procs P] [--baseline LIBVGPU] [--slow-nvml]
+    python bench/libvgpu_overhead.py [--calls N] [--repeats R] [--procs P] [--baseline LIBVGPU]
+                                     [--slow-nvml [--devices N]]
 """
 import argparse
 import contextlib
@@ -47,14 +50,16 @@ STAMP_BYTES = 64  # libvgpu_src/activity.h
 class Setup:
     """How the helper runs: its env and the argv in front of it."""
 
-    def __init__(self, label, tmp: Path, libvgpu=None, runtime_made=False, slow_nvml=False):
+    def __init__(self, label, tmp: Path, libvgpu=None, runtime_made=False, slow_nvml=False, devices=0):
         self.label = label
         work = tmp / label.replace(" ", "-").replace(",", "")
         work.mkdir()
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH": str(SIM_LIB),
                     "HAMI_SIM_STATE": str(work / "sim.state")}
         if slow_nvml:
-            self.env.update(slow_nvml_env(work))
+            self.env.update(slow_nvml_env(work, **({"devices": devices} if devices else {})))
+        if devices:
+            self.env["BENCH_DEVICE"] = str(devices - 1)
         self.prefix = []
         if libvgpu:
             self.env["LD_PRELOAD"] = str(libvgpu)
@@ -115,7 +120,11 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=100)
     parser.add_argument("--baseline", type=Path, help="another libvgpu.so, measured in bare use beside this one")
     parser.add_argument("--slow-nvml", action="store_true", help="the simulated NVML as slow as an H200 node's")
+    parser.add_argument("--devices", type=int, default=0, choices=range(1, 9), metavar="N",
+                        help="with --slow-nvml: N simulated GPUs, every process on the last")
     args = parser.parse_args()
+    if args.devices and not args.slow_nvml:
+        parser.error("--devices goes with --slow-nvml")
     subprocess.run(["make", "-s", "-C", str(ROOT), "build", "sim", "libvgpu-bench"], check=True,
                    timeout=600)
     metrics = ["alloc_ns", "free_ns", "launch_ns", "getinfo_ns"]
@@ -123,12 +132,12 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="hami-bench-") as tmp_name:
             tmp = Path(tmp_name)
-            slow = args.slow_nvml
-            setups = [Setup("driver alone", tmp, slow_nvml=slow)]
+            sim = {"slow_nvml": args.slow_nvml, "devices": args.devices}
+            setups = [Setup("driver alone", tmp, **sim)]
             if args.baseline:
-                setups.append(Setup("baseline libvgpu, bare", tmp, args.baseline, slow_nvml=slow))
-            setups += [Setup("libvgpu, bare", tmp, LIBVGPU, slow_nvml=slow),
-                       Setup("libvgpu, runtime-made", tmp, LIBVGPU, True, slow_nvml=slow)]
+                setups.append(Setup("baseline libvgpu, bare", tmp, args.baseline, **sim))
+            setups += [Setup("libvgpu, bare", tmp, LIBVGPU, **sim),
+                       Setup("libvgpu, runtime-made", tmp, LIBVGPU, True, **sim)]
             samples = {s.label: {m: [] for m in metrics + ["init_ns"]} for s in setups}
             for _ in range(args.repeats):
                 for setup in setups:
@@ -146,7 +155,8 @@ def main() -> int:
     names = {"alloc_ns": "cuMemAlloc_v2 (4 KiB)", "free_ns": "cuMemFree_v2",
              "launch_ns": "cuLaunchKernel (zero-length)", "getinfo_ns": "cuMemGetInfo_v2"}
     labels = [s.label for s in setups]
-    print(f"Simulated driver{f' (its NVML as slow to start as an H200 node: {SLOW_NVML})' if slow else ''}, "
+    print(f"Simulated driver{f' (its NVML as slow to start as an H200 node: {SLOW_NVML})' if args.slow_nvml else ''}"
+          f"{f', {args.devices} GPUs, every process on the last' if args.devices else ''}, "
           f"{args.calls} calls x {args.repeats} interleaved runs, median; in brackets, added to the driver alone.\n")
     print("| call (ns) | " + " | ".join(labels) + " |")
     print("| --- |" + " ---: |" * len(labels))

@@ -12,9 +12,9 @@ SIM_CONFIG = ROOT / "build" / "sim" / "hami.toml"
 SLOW_NVML = {"nvml_init_us": 11000, "nvml_attach_us": 6000}
 
 
-def slow_nvml_env(work: Path) -> dict:
-    """HAMI_SIM_CONFIG naming work/sim.conf, which holds SLOW_NVML."""
-    (work / "sim.conf").write_text("".join(f"{k} = {v}\n" for k, v in SLOW_NVML.items()))
+def slow_nvml_env(work: Path, **more) -> dict:
+    """HAMI_SIM_CONFIG naming work/sim.conf, which holds SLOW_NVML and `more` (other keys)."""
+    (work / "sim.conf").write_text("".join(f"{k} = {v}\n" for k, v in {**SLOW_NVML, **more}.items()))
     return {"HAMI_SIM_CONFIG": str(work / "sim.conf")}
 
 

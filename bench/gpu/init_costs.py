@@ -8,7 +8,8 @@ on a thread started with cuInit (overlapped), nvmlInitWithFlags(NVML_INIT_FLAG_N
 it (no_attach: no GPU attached at init, the one asked for at its first handle), or nvmlInit_v2
 and the first device handle on a thread started with the primary context's creation, after
 cuInit (beside_context: whether the driver lets NVML's start overlap the context's, as it did
-not cuInit's; the snapshot before the context is then not taken); a device handle by UUID; the two snapshot queries (memory info, the running compute processes) before the primary
+not cuInit's; the snapshot before the context is then not taken); the device's first handle (by PCI
+bus id); the two snapshot queries (memory info, the running compute processes) before the primary
 context; the primary context's creation; the same two queries after it. Medians over the
 processes, in ms, one JSON object on the last line; a way whose process failed says how (on an
 H200 with driver 580.159.04 no_attach died of SIGSEGV). Where context creation under libvgpu costs more than bare
@@ -63,10 +64,7 @@ def child(way: str) -> dict:
     marks.update(nvml_init)
     dev = ctypes.c_int()
     cuda.cuDeviceGet(ctypes.byref(dev), 0)
-    uuid = ctypes.create_string_buffer(96)
-    handle = ctypes.c_void_p()
-    timed(marks, "uuid_and_handle_ms", lambda: (nvml.nvmlDeviceGetUUID(handle_by_index(nvml), uuid, 96),
-                                                nvml.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(handle))))
+    handle = timed(marks, "first_handle_ms", lambda: handle_by_bus_id(cuda, nvml, dev))
 
     def snapshot(prefix):
         memory = (ctypes.c_ulonglong * 3)()
@@ -89,7 +87,7 @@ def beside_context(cuda, nvml, marks: dict) -> dict:
     dev = ctypes.c_int()
     cuda.cuDeviceGet(ctypes.byref(dev), 0)
     worker = threading.Thread(target=lambda: (timed(marks, "nvml_init_ms", nvml.nvmlInit_v2),
-                                              timed(marks, "uuid_and_handle_ms", lambda: handle_by_index(nvml))))
+                                              timed(marks, "first_handle_ms", lambda: handle_by_bus_id(cuda, nvml, dev))))
     ctx = ctypes.c_void_p()
     start = time.perf_counter()
     worker.start()
@@ -99,9 +97,12 @@ def beside_context(cuda, nvml, marks: dict) -> dict:
     return marks
 
 
-def handle_by_index(nvml) -> ctypes.c_void_p:
-    handle = ctypes.c_void_p()
-    nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+def handle_by_bus_id(cuda, nvml, dev) -> ctypes.c_void_p:
+    """NVML's handle of CUDA device `dev` as libvgpu finds it: by PCI bus id, which has NVML
+    initialise that GPU alone (by UUID it may initialise each GPU it searches on the way)."""
+    bus_id, handle = ctypes.create_string_buffer(96), ctypes.c_void_p()
+    cuda.cuDeviceGetPCIBusId(bus_id, 96, dev)
+    nvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id, ctypes.byref(handle))
     return handle
 
 

@@ -286,7 +286,7 @@ def init_rows(_seconds):
 def nvml_rows(_seconds):
     """init_costs.py: what the NVML calls libvgpu makes around a first context cost, each way."""
     got = _run([sys.executable, str(INIT_COSTS), "--processes", "5"], {}, 120)
-    steps = ["cuinit_ms", "nvml_init_ms", "uuid_and_handle_ms", "context_ms", "cuinit_and_nvml_init_ms",
+    steps = ["cuinit_ms", "nvml_init_ms", "first_handle_ms", "context_ms", "cuinit_and_nvml_init_ms",
              "context_and_nvml_ms"]
     rows = [[way] + (["failed: " + marks["failed"][-200:]] + ["-"] * (len(steps) - 1) if "failed" in marks
                      else [f1(marks.get(step)) for step in steps])
