@@ -3,7 +3,8 @@
  * by UUID NVML may initialise every GPU it searches on the way (NVML's documentation),
  * each a first access to a GPU (~6 ms on an H200), so a process on the last GPU of a
  * multi-GPU container would pay for all of them. A MIG instance is found by its MIG- UUID
- * as the limits write it: its bus id is its GPU's, whose processes are not the instance's. */
+ * as the limits write it: its bus id is its GPU's, whose processes are not the instance's.
+ * A GPU its bus id does not find is looked for by UUID. */
 #include "internal.h"
 #include "hooks.h"
 #include "log.h"
@@ -53,12 +54,12 @@ nvmlDevice_t hami_nvml_device(CUdevice dev)
     nvmlReturn_t (*by_bus_id)(const char *, nvmlDevice_t *) = HAMI_DRIVER(nvmlDeviceGetHandleByPciBusId_v2);
     CUresult (*bus_id_of)(char *, int, CUdevice) = HAMI_DRIVER(cuDeviceGetPCIBusId);
     nvmlReturn_t rc = NVML_ERROR_FUNCTION_NOT_FOUND;
-    if (mig_uuid(dev, id, sizeof id) == 0) {
-        if (by_uuid)
-            rc = by_uuid(id, &handle);
-    } else if (by_bus_id && bus_id_of && bus_id_of(id, (int)sizeof id, dev) == CUDA_SUCCESS) {
+    int mig = mig_uuid(dev, id, sizeof id) == 0;
+    if (!mig && by_bus_id && bus_id_of && bus_id_of(id, (int)sizeof id, dev) == CUDA_SUCCESS)
         rc = by_bus_id(id, &handle);
-    }
+    /* a MIG instance, or a GPU its bus id did not find */
+    if (rc != NVML_SUCCESS && by_uuid && (mig || hami_cuda_uuid(dev, id, sizeof id) == 0))
+        rc = by_uuid(id, &handle);
     if (rc != NVML_SUCCESS) {
         hami_debug("device %d: no NVML handle (%d)", dev, (int)rc);
         return NULL;
