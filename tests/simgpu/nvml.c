@@ -49,10 +49,13 @@ nvmlReturn_t nvmlShutdown(void)
 {
     nvmlReturn_t rc = NVML_SUCCESS;
     pthread_mutex_lock(&init_lock);
-    if (init_count == 0)
+    if (init_count == 0) {
         rc = NVML_ERROR_UNINITIALIZED;
-    else
-        init_count--;
+    } else if (--init_count == 0) {  /* NVML's state goes: a new start initialises the GPUs again */
+        pthread_mutex_lock(&attach_lock);
+        memset(attached, 0, sizeof attached);
+        pthread_mutex_unlock(&attach_lock);
+    }
     pthread_mutex_unlock(&init_lock);
     return rc;
 }

@@ -160,11 +160,12 @@ def test_nvml_start_costs_what_the_config_says(run_py, sim_env, tmp_path):
         later = timed(n.nvmlDeviceGetHandleByIndex_v2, 0, ctypes.byref(handles[2]))
         for _ in range(2): n.nvmlShutdown()
         restarted = timed(n.nvmlInit_v2)
-        print(first, again, *waits, later, restarted)
+        reattached = timed(n.nvmlDeviceGetHandleByIndex_v2, 0, ctypes.byref(handles[2]))
+        print(first, again, *waits, later, restarted, reattached)
     """, env=dict(sim_env, HAMI_SIM_CONFIG=str(tmp_path / "sim.conf")))
-    first, again, wait0, wait1, later, restarted = map(float, out.split())
+    first, again, wait0, wait1, later, restarted, reattached = map(float, out.split())
     assert first >= 0.15 and again < 0.05 and restarted >= 0.15
-    assert min(wait0, wait1) >= 0.1 and later < 0.05
+    assert min(wait0, wait1) >= 0.1 and later < 0.05 and reattached >= 0.1
 
 
 # A handle of the last of four GPUs: NVML initialises that GPU alone by index or PCI bus
