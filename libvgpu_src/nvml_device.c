@@ -55,8 +55,9 @@ nvmlDevice_t hami_nvml_device(CUdevice dev)
     CUresult (*bus_id_of)(char *, int, CUdevice) = HAMI_DRIVER(cuDeviceGetPCIBusId);
     nvmlReturn_t rc = NVML_ERROR_FUNCTION_NOT_FOUND;
     int mig = mig_uuid(dev, id, sizeof id) == 0;
-    if (!mig && by_bus_id && bus_id_of && bus_id_of(id, (int)sizeof id, dev) == CUDA_SUCCESS)
-        rc = by_bus_id(id, &handle);
+    if (!mig && by_bus_id && bus_id_of && bus_id_of(id, (int)sizeof id, dev) == CUDA_SUCCESS &&
+        (rc = by_bus_id(id, &handle)) != NVML_SUCCESS)
+        hami_info("device %d: NVML does not know PCI bus id %s (%d): looked for by UUID", dev, id, (int)rc);
     /* a MIG instance, or a GPU its bus id did not find */
     if (rc != NVML_SUCCESS && by_uuid && (mig || hami_cuda_uuid(dev, id, sizeof id) == 0))
         rc = by_uuid(id, &handle);
