@@ -42,7 +42,6 @@
 #include "hooks.h"
 #include "log.h"
 
-#define ACT_MAX_ORDINALS 64
 #define ACT_MAX_PEERS 64                         /* entries followed per board and device */
 #define ACT_LIST_NS 100000000LL                  /* the boards are listed again every 100 ms */
 #define ACT_WAIT_HOLD_NS 5000000000LL            /* a wait slot counts at most 5 s */
@@ -84,7 +83,7 @@ struct act_dev {
     int64_t next_list_ns;
 };
 
-static struct act_dev act[ACT_MAX_ORDINALS];
+static struct act_dev act[HAMI_MAX_ORDINALS];
 static pthread_once_t act_once = PTHREAD_ONCE_INIT;
 static int board_fds[BOARD_COUNT] = {-1, -1};
 static int stamps_fd = -1;
@@ -92,7 +91,7 @@ static __thread int64_t act_wait_value;          /* what this thread's wait slot
 
 static void act_reset_locks(void)
 {
-    for (int d = 0; d < ACT_MAX_ORDINALS; d++)
+    for (int d = 0; d < HAMI_MAX_ORDINALS; d++)
         pthread_mutex_init(&act[d].lock, NULL);
 }
 
@@ -266,7 +265,7 @@ static int64_t active_for(const struct board_view *view, int64_t now, int64_t wi
 static struct act_dev *act_device(CUdevice dev)
 {
     pthread_once(&act_once, act_init_once);
-    if (dev < 0 || dev >= ACT_MAX_ORDINALS)
+    if (dev < 0 || dev >= HAMI_MAX_ORDINALS)
         return NULL;
     struct act_dev *p = &act[dev];
     int state = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);

@@ -11,7 +11,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_ORDINALS 64
 #define UNKNOWN UINT64_MAX
 
 /* One creation or destruction at a time in this process, so that a measurement
@@ -23,7 +22,7 @@ static struct {
     uint64_t bytes;
     int index;
     int charged;
-} primary[MAX_ORDINALS];
+} primary[HAMI_MAX_ORDINALS];
 
 /* Hooked so that a process libvgpu refuses (hooks.h) never initialises the driver:
  * every entry point it does not hook then answers "not initialised". */
@@ -240,7 +239,7 @@ static void context_ended(CUcontext ctx)
 
 static void drop_primary(CUdevice dev)
 {
-    if (dev < 0 || dev >= MAX_ORDINALS || !primary[dev].charged)
+    if (dev < 0 || dev >= HAMI_MAX_ORDINALS || !primary[dev].charged)
         return;
     context_ended(primary[dev].ctx);
     hami_mem_uncharge(primary[dev].index, primary[dev].bytes);
@@ -292,7 +291,7 @@ static void creation_end(struct creation *c)
 HAMI_HOOK(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))
 {
     int index = hami_region_device_index(dev);
-    if (index < 0 || dev >= MAX_ORDINALS)
+    if (index < 0 || dev >= HAMI_MAX_ORDINALS)
         return real(pctx, dev);
     struct creation c;
     pthread_mutex_lock(&ctx_lock);
@@ -324,7 +323,7 @@ HAMI_HOOK(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (
 /* Whether dev's charged primary context has just lost its last retain. */
 static int primary_gone(CUdevice dev)
 {
-    if (dev < 0 || dev >= MAX_ORDINALS || !primary[dev].charged)
+    if (dev < 0 || dev >= HAMI_MAX_ORDINALS || !primary[dev].charged)
         return 0;
     unsigned int flags = 0;
     int active = 1;

@@ -19,6 +19,9 @@ static inline int64_t hami_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* CUDA device ordinals each per-process, per-device table holds. */
+#define HAMI_MAX_ORDINALS 64
+
 /* The driver hands out device memory in whole 2 MiB pages; charging the same keeps
  * what the host sees for the container within the limit. */
 #define HAMI_PAGE (2ull << 20)

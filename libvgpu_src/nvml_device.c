@@ -13,11 +13,10 @@
 #include <string.h>
 #include <strings.h>
 
-#define MAX_ORDINALS 64
 
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static int nvml_ready;
-static nvmlDevice_t handles[MAX_ORDINALS];
+static nvmlDevice_t handles[HAMI_MAX_ORDINALS];
 
 static void nvml_start(void)
 {
@@ -41,7 +40,7 @@ static int mig_uuid(CUdevice dev, char *out, size_t len)
 
 nvmlDevice_t hami_nvml_device(CUdevice dev)
 {
-    if (dev < 0 || dev >= MAX_ORDINALS)
+    if (dev < 0 || dev >= HAMI_MAX_ORDINALS)
         return NULL;
     nvmlDevice_t handle = __atomic_load_n(&handles[dev], __ATOMIC_ACQUIRE);
     if (handle)

@@ -535,7 +535,6 @@ int hami_cuda_uuid(CUdevice dev, char *out, size_t len)
     return 0;
 }
 
-#define HAMI_MAX_ORDINALS 64
 static int cuda_index_cache[HAMI_MAX_ORDINALS] = {[0 ... HAMI_MAX_ORDINALS - 1] = -2};
 
 int hami_region_device_index(CUdevice dev)
