@@ -101,8 +101,9 @@ def handle_by_bus_id(cuda, nvml, dev) -> ctypes.c_void_p:
     """NVML's handle of CUDA device `dev` as libvgpu finds it: by PCI bus id, which has NVML
     initialise that GPU alone (by UUID it may initialise each GPU it searches on the way)."""
     bus_id, handle = ctypes.create_string_buffer(96), ctypes.c_void_p()
-    cuda.cuDeviceGetPCIBusId(bus_id, 96, dev)
-    nvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id, ctypes.byref(handle))
+    if (cuda.cuDeviceGetPCIBusId(bus_id, 96, dev)
+            or nvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id, ctypes.byref(handle))):
+        raise SystemExit(f"no NVML handle by PCI bus id {bus_id.value!r}")
     return handle
 
 
