@@ -1,4 +1,5 @@
 """Device shape, config file, NVML and pynvml views of the simulated GPU."""
+import ast
 import subprocess
 
 import pytest
@@ -195,7 +196,7 @@ def test_nvml_initialises_the_gpus_a_handle_call_reaches(run_py, sim_env, tmp_pa
         assert n.nvmlInit_v2() == 0
         handle = ctypes.c_void_p()
         started = time.monotonic()
-        assert n.{call}({eval(keys)[key]!r}, ctypes.byref(handle)) == 0
+        assert n.{call}({ast.literal_eval(keys)[key]!r}, ctypes.byref(handle)) == 0
         print(time.monotonic() - started)
     """, env=env)
     assert attached * 0.2 <= float(out) < (attached + 1) * 0.2  # one sleep a GPU initialised
